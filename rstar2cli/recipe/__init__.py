@@ -1,0 +1,88 @@
+"""Recipe loading: a whole YAML file, `--set key=value` overrides, validation with every problem listed.
+
+Schemas live next to the code that uses them (sft, rl, eval) as pydantic models with
+`extra="forbid"`; this module only reads, overrides, validates and writes the resolved copy.
+It deliberately has no inheritance or interpolation: a recipe is the whole truth.
+Tested in tests/unit/test_recipe.py.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from rstar2cli.errors import UserError
+
+M = TypeVar("M", bound=BaseModel)
+
+
+class RecipeModel(BaseModel):
+    """Base config for recipe sections: unknown keys are errors, values are checked on assignment."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+def parse_sets(sets: list[str]) -> dict[str, Any]:
+    """Turn ["train.lr=1.0e-6", "seed=3"] into a nested dict; values are parsed as YAML scalars."""
+    out: dict[str, Any] = {}
+    for item in sets:
+        if "=" not in item:
+            raise UserError(f"--set expects key=value, got {item!r}")
+        key, raw = item.split("=", 1)
+        parts = [p for p in key.strip().split(".") if p]
+        if not parts:
+            raise UserError(f"--set has an empty key: {item!r}")
+        node = out
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise UserError(f"--set {key}: {part} is both a value and a section")
+        node[parts[-1]] = yaml.safe_load(raw) if raw.strip() else ""
+    return out
+
+
+def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    merged = dict(base)
+    for k, v in over.items():
+        if isinstance(v, dict) and isinstance(merged.get(k), dict):
+            merged[k] = _merge(merged[k], v)
+        else:
+            merged[k] = v
+    return merged
+
+
+def format_validation_error(source: str, exc: ValidationError) -> str:
+    lines = [f"recipe {source} has {exc.error_count()} problem(s):"]
+    for err in exc.errors():
+        loc = ".".join(str(x) for x in err["loc"]) or "(top)"
+        lines.append(f"  - {loc}: {err['msg']}")
+    return "\n".join(lines)
+
+
+def load_recipe(path: str | Path, schema: type[M], sets: list[str] | None = None) -> M:
+    """Read YAML, apply overrides, validate. Raises UserError listing every problem at once."""
+    p = Path(path)
+    if not p.is_file():
+        raise UserError(f"recipe not found: {p}")
+    try:
+        data = yaml.safe_load(p.read_text(encoding="utf-8")) or {}
+    except yaml.YAMLError as exc:
+        raise UserError(f"recipe {p} is not valid YAML: {exc}") from exc
+    if not isinstance(data, dict):
+        raise UserError(f"recipe {p} must be a mapping at the top level")
+    data = _merge(data, parse_sets(sets or []))
+    try:
+        return schema.model_validate(data)
+    except ValidationError as exc:
+        raise UserError(format_validation_error(str(p), exc)) from exc
+
+
+def dump_recipe(recipe: BaseModel, path: str | Path) -> None:
+    """Write the resolved recipe (after overrides and defaults) next to a run's outputs."""
+    from rstar2cli.fileio import atomic_path
+
+    with atomic_path(path) as tmp:
+        tmp.write_text(yaml.safe_dump(recipe.model_dump(mode="json"), sort_keys=False), encoding="utf-8")

@@ -1,0 +1,55 @@
+"""Recipe loading: overrides, every problem listed at once."""
+
+import pytest
+import yaml
+from pydantic import Field
+
+from rstar2cli.errors import UserError
+from rstar2cli.recipe import RecipeModel, dump_recipe, load_recipe, parse_sets
+
+
+class Optim(RecipeModel):
+    lr: float = Field(1.0e-6, gt=0, description="learning rate")
+    warmup_steps: int = Field(0, ge=0, description="warm-up steps")
+
+
+class Demo(RecipeModel):
+    seed: int = Field(0, description="seed")
+    optim: Optim = Field(default_factory=Optim)
+
+
+def test_parse_sets_nests_and_types():
+    assert parse_sets(["optim.lr=2.0e-6", "seed=3", "name=abc"]) == {
+        "optim": {"lr": 2.0e-6},
+        "seed": 3,
+        "name": "abc",
+    }
+    with pytest.raises(UserError):
+        parse_sets(["novalue"])
+
+
+def test_load_applies_overrides_and_dumps(tmp_path):
+    p = tmp_path / "r.yaml"
+    p.write_text("seed: 1\noptim:\n  lr: 1.0e-5\n")
+    r = load_recipe(p, Demo, ["optim.warmup_steps=20"])
+    assert (r.seed, r.optim.lr, r.optim.warmup_steps) == (1, 1.0e-5, 20)
+    dump_recipe(r, tmp_path / "resolved.yaml")
+    assert yaml.safe_load((tmp_path / "resolved.yaml").read_text())["optim"]["warmup_steps"] == 20
+
+
+def test_every_problem_is_listed(tmp_path):
+    p = tmp_path / "bad.yaml"
+    p.write_text("seed: abc\ntypo_key: 1\noptim:\n  lr: -1.0\n")
+    with pytest.raises(UserError) as e:
+        load_recipe(p, Demo)
+    msg = str(e.value)
+    assert "3 problem(s)" in msg
+    assert "seed" in msg and "typo_key" in msg and "optim.lr" in msg
+
+
+def test_missing_and_non_mapping_recipes(tmp_path):
+    with pytest.raises(UserError, match="recipe not found"):
+        load_recipe(tmp_path / "none.yaml", Demo)
+    (tmp_path / "list.yaml").write_text("- 1\n")
+    with pytest.raises(UserError, match="mapping"):
+        load_recipe(tmp_path / "list.yaml", Demo)
