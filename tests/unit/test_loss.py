@@ -1,0 +1,150 @@
+"""Token-level PPO clip loss with asymmetric clip, optional KL / entropy terms, metrics."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from rstar2cli.rl.loss import ppo_clip_loss, token_entropy, token_logprobs
+
+# One sequence of 4 tokens; the last is masked out (a tool-response token).
+# ratios exp(logp - old) = [1.5, 0.5, 1.1, (anything)]
+MASK = torch.tensor([[1, 1, 1, 0]])
+OLD = torch.zeros(1, 4)
+
+
+def _logprobs(last: float = 0.0) -> torch.Tensor:
+    values = [math.log(1.5), math.log(0.5), math.log(1.1), last]
+    return torch.tensor([values], requires_grad=True)
+
+
+def test_positive_advantage_clips_high_at_1_28():
+    # A = +1. per token: -min(r, clip(r, 0.8, 1.28))
+    #   r 1.5 -> -min(1.5, 1.28) = -1.28 (clipped high)
+    #   r 0.5 -> -min(0.5, 0.8) = -0.5 (no clip for A > 0 on the low side)
+    #   r 1.1 -> -1.1
+    # loss = -(1.28 + 0.5 + 1.1) / 3 = -0.96
+    logp = _logprobs()
+    loss, metrics = ppo_clip_loss(logp, OLD, torch.tensor([1.0]), MASK)
+    assert loss.item() == pytest.approx(-0.96, abs=1e-6)
+    assert metrics.num_tokens == 3
+    assert metrics.clip_frac_high == pytest.approx(1 / 3)
+    assert metrics.clip_frac_low == 0.0
+    loss.backward()
+    # d/dlogp of -r/3 is -r/3 where unclipped; 0 where clipped and at the masked token.
+    expected_grad = torch.tensor([[0.0, -0.5 / 3, -1.1 / 3, 0.0]])
+    assert torch.allclose(logp.grad, expected_grad, atol=1e-6)
+
+
+def test_negative_advantage_clips_low_at_0_8():
+    # A = -1. per token: -min(-r, -clip(r, 0.8, 1.28)) = max(r, clip(r))
+    #   r 1.5 -> max(1.5, 1.28) = 1.5 (no clip for A < 0 on the high side)
+    #   r 0.5 -> max(0.5, 0.8) = 0.8 (clipped low)
+    #   r 1.1 -> 1.1
+    # loss = (1.5 + 0.8 + 1.1) / 3 = 3.4 / 3
+    loss, metrics = ppo_clip_loss(_logprobs(), OLD, torch.tensor([-1.0]), MASK)
+    assert loss.item() == pytest.approx(3.4 / 3, abs=1e-6)
+    assert metrics.clip_frac_low == pytest.approx(1 / 3)
+    assert metrics.clip_frac_high == 0.0
+
+
+def test_approx_kl_metric_is_k3_of_old_vs_new():
+    # k3 per token: (r - 1) - log r
+    #   1.5: 0.5 - 0.405465 = 0.094535; 0.5: -0.5 + 0.693147 = 0.193147; 1.1: 0.1 - 0.095310
+    # mean over 3 tokens = (0.094535 + 0.193147 + 0.004690) / 3 = 0.097457
+    _, metrics = ppo_clip_loss(_logprobs(), OLD, torch.tensor([1.0]), MASK)
+    assert metrics.approx_kl == pytest.approx(0.097457, abs=1e-5)
+
+
+def test_average_is_over_all_tokens_not_per_sequence():
+    # ratios all 1, so each token's loss is -A. Sequence 0: A = +1 on 3 tokens; sequence 1:
+    # A = -1 on 1 token. Token mean = (-3 + 1) / 4 = -0.5 (a per-sequence mean would give 0).
+    logp = torch.zeros(2, 4, requires_grad=True)
+    mask = torch.tensor([[1, 1, 1, 0], [1, 0, 0, 0]])
+    loss, metrics = ppo_clip_loss(logp, torch.zeros(2, 4), torch.tensor([1.0, -1.0]), mask)
+    assert loss.item() == pytest.approx(-0.5)
+    assert metrics.num_tokens == 4
+
+
+def test_token_level_advantages_are_accepted():
+    # [B, T] advantages: tokens with A = [2, -1, 0, 5], ratios 1 -> loss = -(2 - 1 + 0) / 3
+    adv = torch.tensor([[2.0, -1.0, 0.0, 5.0]])
+    loss, _ = ppo_clip_loss(torch.zeros(1, 4), OLD, adv, MASK)
+    assert loss.item() == pytest.approx(-1 / 3)
+
+
+def test_garbage_at_masked_positions_gives_no_nan():
+    # Padding log-probs of +1e4 would overflow exp() to inf; inf * 0 must not leak a NaN.
+    logp = _logprobs(last=1.0e4)
+    loss, metrics = ppo_clip_loss(logp, OLD, torch.tensor([1.0]), MASK)
+    loss.backward()
+    assert loss.item() == pytest.approx(-0.96, abs=1e-6)
+    assert torch.isfinite(logp.grad).all() and math.isfinite(metrics.approx_kl)
+
+
+def test_micro_batches_sum_to_the_batch_loss_with_num_batch_tokens():
+    # Whole batch: 4 tokens (3 + 1) -> -0.5 as above. Split in two micro-batches, each divided
+    # by the batch's 4 tokens: -3/4 + 1/4 = -0.5.
+    mask = torch.tensor([[1, 1, 1, 0], [1, 0, 0, 0]])
+    adv = torch.tensor([1.0, -1.0])
+    parts = [
+        ppo_clip_loss(
+            torch.zeros(1, 4),
+            torch.zeros(1, 4),
+            adv[i : i + 1],
+            mask[i : i + 1],
+            num_batch_tokens=4,
+        )[0]
+        for i in range(2)
+    ]
+    assert parts[0].item() == pytest.approx(-0.75)
+    assert sum(parts).item() == pytest.approx(-0.5)
+
+
+def test_empty_mask_gives_zero_loss():
+    loss, metrics = ppo_clip_loss(_logprobs(), OLD, torch.tensor([1.0]), torch.zeros(1, 4))
+    assert loss.item() == 0.0 and metrics.num_tokens == 0
+
+
+def test_kl_term_off_by_default_and_k3_when_on():
+    # logp = log 0.5 on one token, ref = log 0.25, old = logp (ratio 1, A = 0 -> clip term 0)
+    # d = ref - logp = log 0.5: k3 = e^d - d - 1 = 0.5 + 0.693147 - 1 = 0.193147
+    logp = torch.tensor([[math.log(0.5)]], requires_grad=True)
+    ref = torch.tensor([[math.log(0.25)]])
+    mask = torch.ones(1, 1)
+    loss, metrics = ppo_clip_loss(logp, logp.detach(), torch.zeros(1), mask)
+    assert loss.item() == 0.0 and metrics.kl_ref is None
+    loss, metrics = ppo_clip_loss(
+        logp, logp.detach(), torch.zeros(1), mask, ref_logprobs=ref, kl_coef=0.1
+    )
+    assert metrics.kl_ref == pytest.approx(0.193147, abs=1e-6)
+    assert loss.item() == pytest.approx(0.1 * 0.193147, abs=1e-6)
+    with pytest.raises(ValueError, match="ref_logprobs"):
+        ppo_clip_loss(logp, logp.detach(), torch.zeros(1), mask, kl_coef=0.1)
+
+
+def test_entropy_metric_and_optional_bonus():
+    # entropy [0.5, 1.0, 1.5, (masked 9.9)] -> mean 1.0
+    entropy = torch.tensor([[0.5, 1.0, 1.5, 9.9]])
+    base, _ = ppo_clip_loss(_logprobs(), OLD, torch.tensor([1.0]), MASK)
+    loss, metrics = ppo_clip_loss(_logprobs(), OLD, torch.tensor([1.0]), MASK, entropy=entropy)
+    assert metrics.entropy == pytest.approx(1.0)
+    assert loss.item() == pytest.approx(base.item())  # coefficient 0 by default
+    loss, _ = ppo_clip_loss(
+        _logprobs(), OLD, torch.tensor([1.0]), MASK, entropy=entropy, entropy_coef=0.1
+    )
+    assert loss.item() == pytest.approx(-0.96 - 0.1 * 1.0, abs=1e-6)
+
+
+def test_token_logprobs_and_entropy():
+    # Uniform logits over 4 tokens: log p = -log 4, entropy = log 4.
+    # Logits [0, log 3, 0, 0] -> p = [1/6, 1/2, 1/6, 1/6]: log p[1] = log 0.5;
+    # entropy = -(3 * 1/6 * log(1/6) + 1/2 * log(1/2)) = 0.5 log 6 + 0.5 log 2 = 1.242453
+    logits = torch.tensor([[[0.0, 0.0, 0.0, 0.0], [0.0, math.log(3.0), 0.0, 0.0]]])  # [1, 2, 4]
+    targets = torch.tensor([[2, 1]])
+    assert torch.allclose(
+        token_logprobs(logits, targets), torch.tensor([[-math.log(4), math.log(0.5)]])
+    )
+    assert torch.allclose(token_entropy(logits), torch.tensor([[math.log(4), 1.242453]]), atol=1e-5)
