@@ -37,5 +37,8 @@ bench: install
 quickstart: install
 	$(BIN)/rstar2 quickstart --out quickstart_out
 
+completions: install
+	$(BIN)/python -m rstar2cli.completions completions
+
 clean:
 	rm -rf $(VENV) quickstart_out .pytest_cache
