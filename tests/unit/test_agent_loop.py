@@ -1,0 +1,256 @@
+"""The agent loop with a scripted engine (it emits protocol text we wrote) and a real sandbox.
+
+The engine here is a test double honouring the `Engine` Protocol: it tokenizes scripted turns with
+the real tiny tokenizer and returns them, cut at `max_tokens` like a real engine. Tools run in a
+real `sandboxd.pool.LocalSandbox` (fork server + zygotes), so the sandbox path is the real one.
+"""
+
+import asyncio
+
+import pytest
+
+from rstar2cli import protocol as P
+from rstar2cli.agent.loop import (
+    AgentConfig,
+    ToolBatcher,
+    Trajectory,
+    prompt_ids_for,
+    run_trajectory,
+)
+from rstar2cli.data.tiny import build_tokenizer
+from rstar2cli.scheduler.engines import GenOutput
+from rstar2cli.scheduler.rollout import run_rollout
+from rstar2cli.scheduler.scheduler import SchedulerConfig
+from sandboxd.pool import LocalSandbox
+
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+
+CALL_1522 = P.format_tool_call("print(37*41+5)")
+ANSWER = "</reason>\n<answer>\\boxed{1522}</answer>" + P.IM_END
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return build_tokenizer()
+
+
+class ScriptedEngine:
+    """Returns scripted turns in order (per trajectory: keyed by the request-id prefix)."""
+
+    def __init__(self, tok, scripts, capacity_tokens=100_000, fail=False):
+        self.name = "scripted"
+        self.tok = tok
+        self.scripts = scripts  # {trajectory prefix: [turn text, ...]} or {"*": [...]}
+        self.capacity = capacity_tokens
+        self.fail = fail
+        self.requests = []  # (request_id, prompt_ids, max_tokens)
+        self.used = 0
+
+    async def generate(self, request_id, prompt_ids, spec):
+        self.requests.append((request_id, list(prompt_ids), spec.max_tokens))
+        if self.fail:
+            raise RuntimeError("engine died")
+        prefix = request_id.rsplit("-", 1)[0]
+        queue = self.scripts.get(prefix, self.scripts.get("*"))
+        text = queue.pop(0) if len(queue) > 1 else queue[0]
+        ids = self.tok.encode(text, add_special_tokens=False)
+        await asyncio.sleep(0.001 * len(ids) / 10)
+        if len(ids) > spec.max_tokens:
+            ids, rest = ids[: spec.max_tokens], ids[spec.max_tokens :]
+            queue.insert(0, self.tok.decode(rest, skip_special_tokens=False))
+            return GenOutput(token_ids=ids, logprobs=None, finish_reason="length")
+        return GenOutput(token_ids=ids, logprobs=None, finish_reason="stop")
+
+    def kv_capacity_tokens(self):
+        return self.capacity
+
+    def kv_used_tokens(self):
+        return self.used
+
+    def metrics(self):
+        return {"num_preemptions": 0.0}
+
+    async def update_weights(self, named_tensors):
+        pass
+
+    async def shutdown(self):
+        pass
+
+
+class CountingRunner:
+    def __init__(self, inner):
+        self.inner = inner
+        self.batches = []
+
+    async def run_batch(self, jobs):
+        self.batches.append(len(jobs))
+        return await self.inner.run_batch(jobs)
+
+    async def close(self):
+        await self.inner.close()
+
+
+def run_one(tok, turns, config=None, runner=None):
+    config = config or AgentConfig(max_response_tokens=2000)
+    item = {"id": "q1", "sample": 0, "question": "Compute 37*41+5.", "answer": "1522"}
+    engine = ScriptedEngine(tok, {"*": list(turns)})
+
+    async def go():
+        sandbox = LocalSandbox(num_workers=2, timeout_s=5.0)
+        counting = CountingRunner(sandbox)
+        try:
+            traj = Trajectory(item, prompt_ids_for(item["question"], tok), tok, config)
+            rec = await run_trajectory(traj, engine, ToolBatcher(runner or counting), "t0")
+            return rec, engine, counting
+        finally:
+            await sandbox.close()
+
+    return asyncio.run(go())
+
+
+def ids(tok, text):
+    return tok.encode(text, add_special_tokens=False)
+
+
+def test_tool_call_then_answer_layout_mask_and_record(tok):
+    turn1 = "Let me compute.\n" + CALL_1522 + P.IM_END
+    rec, engine, runner = run_one(tok, [turn1, ANSWER])
+    assert rec["finish_reason"] == "answer" and rec["num_turns"] == 2
+    assert [c["status"] for c in rec["tool_calls"]] == ["ok"]
+    assert rec["tool_calls"][0]["code"] == "print(37*41+5)" and rec["tool_calls"][0]["duration_s"] > 0
+    chunk = ids(tok, P.render_tool_response("1522"))
+    t1, t2 = ids(tok, turn1), ids(tok, ANSWER)
+    assert rec["response_ids"] == t1 + chunk + t2  # ids appended, never re-rendered
+    assert rec["loss_mask"] == [1] * len(t1) + [0] * len(chunk) + [1] * len(t2)
+    assert rec["extracted"] == "1522" and rec["num_answer_tags"] == 1
+    assert rec["prompt_ids"] == prompt_ids_for("Compute 37*41+5.", tok)
+    # the second request continued the exact context, with the remaining budget as max_tokens
+    (_, ctx1, max1), (_, ctx2, max2) = engine.requests
+    assert ctx2 == ctx1 + t1 + chunk
+    assert (max1, max2) == (2000, 2000 - len(t1) - len(chunk))
+    assert "<tool_response>\n1522\n</tool_response>" in rec["text"]
+    assert runner.batches == [1]
+    assert set(rec) >= {"id", "sample", "question", "answer", "text", "finish_reason"}
+
+
+def test_failing_code_reports_error_status_and_stderr(tok):
+    turn1 = P.format_tool_call("print(1/0)") + P.IM_END
+    rec, _, _ = run_one(tok, [turn1, "no idea" + P.IM_END])
+    assert [c["status"] for c in rec["tool_calls"]] == ["error"]
+    assert "ZeroDivisionError" in rec["text"]
+    assert rec["finish_reason"] == "no_answer" and rec["extracted"] is None
+
+
+def test_malformed_call_is_answered_with_its_error_without_the_sandbox(tok):
+    turn1 = "<tool_call>\n{not json}\n</tool_call>" + P.IM_END
+    rec, _, runner = run_one(tok, [turn1, ANSWER])
+    assert [c["status"] for c in rec["tool_calls"]] == ["parse_error"]
+    assert "invalid JSON in tool call" in rec["text"]
+    assert runner.batches == [] and rec["finish_reason"] == "answer"
+
+
+def test_max_turns_stops_before_running_the_last_call(tok):
+    turn = CALL_1522 + P.IM_END
+    rec, _, runner = run_one(tok, [turn], AgentConfig(max_turns=3, max_response_tokens=4000))
+    assert rec["finish_reason"] == "max_turns" and rec["num_turns"] == 3
+    assert len(rec["tool_calls"]) == 2 and runner.batches == [1, 1]
+
+
+def test_budget_cuts_the_response_and_every_request_gets_the_remaining_budget(tok):
+    turn1 = CALL_1522 + P.IM_END
+    budget = len(ids(tok, turn1)) + len(ids(tok, P.render_tool_response("1522"))) + 5
+    long_turn = "thinking " * 50 + P.IM_END
+    rec, engine, _ = run_one(tok, [turn1, long_turn], AgentConfig(max_response_tokens=budget))
+    assert rec["finish_reason"] == "budget" and rec["num_turns"] == 2  # the cut turn counts
+    assert len(rec["response_ids"]) == budget == len(rec["loss_mask"])
+    assert engine.requests[-1][2] == 5
+
+
+def test_tool_chunk_that_does_not_fit_ends_with_budget(tok):
+    turn1 = CALL_1522 + P.IM_END
+    budget = len(ids(tok, turn1)) + 3
+    rec, _, _ = run_one(tok, [turn1, ANSWER], AgentConfig(max_response_tokens=budget))
+    assert rec["finish_reason"] == "budget" and rec["loss_mask"] == [1] * len(ids(tok, turn1))
+
+
+def test_tool_output_truncation_setting(tok):
+    turn1 = P.format_tool_call("print('x' * 1000)") + P.IM_END
+    cfg = AgentConfig(max_response_tokens=4000, max_tool_output_chars=40)
+    rec, _, _ = run_one(tok, [turn1, ANSWER], cfg)
+    assert "[960 characters truncated]" in rec["text"]
+    cfg_all = AgentConfig(max_response_tokens=4000, max_tool_output_chars=None)
+    rec_all, _, _ = run_one(tok, [turn1, ANSWER], cfg_all)
+    assert "x" * 1000 in rec_all["text"]
+
+
+def test_engine_error_ends_the_trajectory(tok):
+    item = {"id": "q", "sample": 0, "question": "Q"}
+    engine = ScriptedEngine(tok, {"*": ["x"]}, fail=True)
+
+    async def go():
+        traj = Trajectory(item, prompt_ids_for("Q", tok), tok, AgentConfig())
+        return await run_trajectory(traj, engine, ToolBatcher(CountingRunner(None)), "t")
+
+    rec = asyncio.run(go())
+    assert rec["finish_reason"] == "engine_error" and rec["response_ids"] == []
+
+
+def test_a_turn_cut_by_the_step_continues_as_the_same_turn(tok):
+    item = {"id": "q", "sample": 0, "question": "Q"}
+    traj = Trajectory(item, [1, 2, 3], tok, AgentConfig(max_response_tokens=100))
+    text_ids = ids(tok, "a long turn without calls" + P.IM_END)
+    traj.sampling_spec(4)
+    assert traj.on_generated(GenOutput(text_ids[:4], None, "length")) == "generate"
+    assert traj.num_turns == 0
+    traj.sampling_spec(100)
+    assert traj.on_generated(GenOutput(text_ids[4:], None, "stop")) == "done"
+    assert traj.num_turns == 1 and traj.finish_reason == "no_answer"
+
+
+def test_tool_batcher_coalesces_calls_made_in_one_tick():
+    from sandboxd.protocol import Job
+
+    async def go():
+        async with LocalSandbox(num_workers=2, timeout_s=5.0) as sandbox:
+            runner = CountingRunner(sandbox)
+            batcher = ToolBatcher(runner)
+            results = await asyncio.gather(*(batcher.run(Job(f"print({i}*2)")) for i in range(5)))
+            return runner.batches, [r.stdout.strip() for r in results], batcher.num_in_flight
+
+    batches, outs, in_flight = asyncio.run(go())
+    assert batches == [5] and outs == ["0", "2", "4", "6", "8"] and in_flight == 0
+
+
+@pytest.mark.parametrize("policy", ["kv", "static", "least-requests"])
+def test_rollout_driver_with_two_scripted_engines(tok, policy):
+    """Every item x sample comes back once, through the scheduler, tools and two engines."""
+    turn1 = CALL_1522 + P.IM_END
+    items = [
+        {"id": f"q{i}", "sample": s, "question": f"Compute 37*41+{i}.", "answer": "1522"}
+        for i in range(4)
+        for s in range(2)
+    ]
+    scripts = {f"t{k}": [turn1, ANSWER] if k % 2 else [ANSWER] for k in range(len(items))}
+    prompt_len = len(prompt_ids_for(items[0]["question"], tok))
+    # each engine holds two worst-case reservations: the kv policy must queue the rest
+    engines = [ScriptedEngine(tok, scripts, capacity_tokens=2 * (prompt_len + 300)) for _ in range(2)]
+    records = []
+
+    async def go():
+        async with LocalSandbox(num_workers=2, timeout_s=5.0) as sandbox:
+            return await run_rollout(
+                engines, items, tok, AgentConfig(max_response_tokens=300),
+                SchedulerConfig(policy=policy, max_active_per_engine=2), ToolBatcher(sandbox),
+                records.append, sample_every_s=0.01,
+            )
+
+    stats = asyncio.run(go())
+    assert sorted((r["id"], r["sample"]) for r in records) == sorted((i["id"], i["sample"]) for i in items)
+    assert all(r["finish_reason"] == "answer" and r["extracted"] == "1522" for r in records)
+    assert sum(len(r["tool_calls"]) for r in records) == 4 == stats.num_tool_calls
+    assert {r["tool_calls"][0]["status"] for r in records if r["tool_calls"]} == {"ok"}
+    assert all(len(e.requests) > 0 for e in engines)  # both engines did work
+    assert stats.num_generated_tokens == sum(sum(r["loss_mask"]) for r in records)
+    assert stats.makespan_s > 0 and 0.0 <= stats.idle_fraction <= 1.0 and stats.kv_samples
+    if policy == "kv":
+        assert max(stats.max_ledger_used_tokens) <= 2 * (prompt_len + 300)
