@@ -1,0 +1,133 @@
+"""Everything `rstar2 eval` checks before any work, so bad input fails with one line at once.
+
+`Plan.check` validates the options (output folder, exactly one of model/endpoint, k <= n,
+benchmark names, files), probes each `--endpoint` (`GET /v1/models`) and `--sandbox` (/healthz),
+and loads the benchmark problems. `check_settings` refuses to add samples to a label whose
+earlier results (summary.json) were made with other sampling settings.
+
+What it does not do: start engines or write anything. Tested in tests/cli/test_eval_grade_only.py.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from rstar2cli.errors import UserError
+
+SUMMARY = "summary.json"
+# Settings that change what a sample means: a label's results must not mix them.
+SAMPLING_KEYS = ("temperature", "max_turns", "max_response_tokens", "template")
+
+
+class Plan:
+    """Everything checked up front: data loaded, model/endpoint reachable, sandboxes alive."""
+
+    def __init__(self) -> None:
+        self.benchmarks: list[Any] = []
+        self.model: Path | None = None
+        self.endpoints: list[Any] = []
+        self.tokenizer_path = ""
+        self.sandbox_urls: list[str] = []
+        self.out = Path(".")
+        self.default_label = ""
+
+    @classmethod
+    def check(
+        cls, names, files, model, endpoints, tokenizer, sandboxes, engine, out, ks, n
+    ) -> Plan:
+        from rstar2cli.eval import benchmarks as B
+
+        plan = cls()
+        if out is None:
+            raise UserError("--out DIR is required")
+        if out.exists() and not out.is_dir():
+            raise UserError(f"--out must be a folder, got the file {out}")
+        plan.out = out
+        if (model is None) == (not endpoints):
+            raise UserError("give exactly one of --model PATH or --endpoint URL")
+        if engine not in ("vllm", "hf"):
+            raise UserError(f"--engine must be vllm or hf, got {engine!r}")
+        if not names and not files:
+            raise UserError("give at least one --benchmark NAME or --data PATH")
+        if ks[0] < 1 or ks[-1] > n:
+            raise UserError(f"--k must be between 1 and --n ({n}), got {ks}")
+        B.check_names(names)
+        for path in files:
+            if not path.is_file():
+                raise UserError(f"--data file not found: {path}")
+        all_names = list(names) + [B.local_name(p) for p in files]
+        if len(set(all_names)) != len(all_names):
+            raise UserError(
+                f"benchmark names repeat: {all_names} (local files are named by their stem)"
+            )
+        plan._check_engine_side(model, endpoints, tokenizer)
+        plan.sandbox_urls = list(sandboxes)
+        if sandboxes:
+            check_sandboxes(sandboxes)
+        plan.benchmarks = [B.load_benchmark(nm) for nm in names] + [B.load_local(p) for p in files]
+        return plan
+
+    def _check_engine_side(
+        self, model: Path | None, endpoints: list[str], tokenizer: Path | None
+    ) -> None:
+        if model is not None:
+            if not model.is_dir():
+                raise UserError(f"model path not found: {model}")
+            self.model = model
+            self.tokenizer_path = str(model)
+            self.default_label = model.resolve().name
+            return
+        from rstar2cli.scheduler.endpoint_engine import EndpointError, probe_endpoint
+
+        try:
+            self.endpoints = [probe_endpoint(url) for url in endpoints]
+        except EndpointError as exc:
+            raise UserError(str(exc).splitlines()[0]) from exc
+        served = self.endpoints[0].model_id
+        tok = tokenizer or Path(served)
+        if not tok.is_dir():
+            raise UserError(
+                f"--endpoint serves {served!r}, which is not a local folder: give --tokenizer PATH"
+            )
+        self.tokenizer_path = str(tok)
+        self.default_label = Path(served).name or served
+
+
+def check_sandboxes(urls: list[str]) -> None:
+    import asyncio
+
+    from sandboxd.client import SandboxClient, SandboxUnreachable
+
+    async def check() -> None:
+        client = SandboxClient(urls, timeout_s=5.0, max_attempts=1)
+        try:
+            await client.check()
+        finally:
+            await client.close()
+
+    try:
+        asyncio.run(check())
+    except SandboxUnreachable as exc:
+        raise UserError(str(exc).splitlines()[0]) from exc
+
+
+def check_settings(out: Path, label: str, settings: dict) -> None:
+    """Refuse to add samples to a label whose earlier results used other sampling settings."""
+    import json
+
+    path = out / SUMMARY
+    if not path.is_file():
+        return
+    try:
+        earlier = json.loads(path.read_text()).get("labels", {}).get(label, {}).get("settings")
+    except (json.JSONDecodeError, AttributeError):
+        return
+    if not earlier:
+        return
+    for key in SAMPLING_KEYS:
+        if key in earlier and earlier[key] != settings[key]:
+            raise UserError(
+                f"label {label!r} in {out} was run with {key}={earlier[key]}, now {settings[key]}: "
+                "use another --label or --out"
+            )
