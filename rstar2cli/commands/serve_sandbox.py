@@ -1,0 +1,54 @@
+"""`rstar2 serve-sandbox`: run the sandbox daemon (sandboxd) on this node until interrupted.
+
+A thin wrapper: options map one-to-one onto `python -m sandboxd`. The daemon prints one line
+saying where it listens and which isolation layers are active, and a WARNING line for each layer
+the host refuses. Tested in tests/sandboxd/test_serve_sandbox.py (--help, and a real serve/stop).
+"""
+
+from __future__ import annotations
+
+import typer
+
+
+def serve_sandbox(
+    host: str = typer.Option(
+        "127.0.0.1", "--host", help="Address to bind; loopback unless you expose it."
+    ),
+    port: int = typer.Option(8080, "--port", help="Port to listen on (0 picks a free one)."),
+    workers: int = typer.Option(
+        2, "--workers", min=1, max=256, help="Worker slots (warm zygotes), about one per core."
+    ),
+    timeout_s: float = typer.Option(
+        10.0, "--timeout-s", min=0.01, help="Default and maximum wall time per job."
+    ),
+    memory_mb: int = typer.Option(1024, "--memory-mb", min=16, help="Address space a job may add."),
+    max_output_bytes: int = typer.Option(
+        1_000_000, "--max-output-bytes", min=1, help="stdout+stderr cap per job."
+    ),
+    max_procs: int = typer.Option(64, "--max-procs", min=1, help="Processes + threads per slot."),
+    disk_mb: int = typer.Option(64, "--disk-mb", min=1, help="Private tmpfs size per slot."),
+    max_queue: int = typer.Option(
+        100_000, "--max-queue", min=1, help="Queued jobs before answering 503."
+    ),
+    preload: str = typer.Option(
+        "", "--preload", help="Comma-separated modules each zygote imports (default: math stack)."
+    ),
+) -> None:
+    """Serve the Python tool sandbox over HTTP (native batch, SandboxFusion and code-judge APIs)."""
+    import asyncio
+
+    from sandboxd.pool import PoolConfig
+    from sandboxd.server import serve
+
+    config = PoolConfig(
+        num_workers=workers,
+        timeout_s=timeout_s,
+        memory_mb=memory_mb,
+        max_output_bytes=max_output_bytes,
+        max_procs=max_procs,
+        disk_mb=disk_mb,
+        max_queue=max_queue,
+    )
+    if preload:
+        config.preload = tuple(name for name in preload.split(",") if name)
+    asyncio.run(serve(config, host, port))

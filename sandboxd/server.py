@@ -1,0 +1,363 @@
+"""HTTP front of sandboxd (aiohttp), its entry point, and `spawn_daemon` for tests and scripts.
+
+Endpoints (loopback by default):
+  POST /v1/batch             native: {"jobs": [{"code","stdin","timeout_s"}]} -> {"results": [...]}
+  POST /run_code, GET /v1/ping   SandboxFusion-compatible (python only)
+  POST /run, /run/batch, /run/long-batch   code-judge-compatible (python only)
+  GET  /healthz              {"ok", "workers_alive", "isolation"}
+  GET  /metrics              Prometheus text
+A full queue or a draining daemon answers 503 (code-judge results carry reason "queue_timeout").
+Malformed requests get 400 with a one-line message. SIGTERM drains: no new jobs, in-flight and
+queued jobs are answered, then the process exits.
+
+What it does not: execute anything itself (sandboxd.pool) or retry (sandboxd.client).
+Tested in tests/sandboxd/test_sandbox_api.py, test_wire_compat.py and test_failover.py with real daemons.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass
+from typing import Any
+
+from aiohttp import web
+
+from sandboxd import protocol
+from sandboxd.pool import LATENCY_BUCKETS_S, Pool, PoolConfig, QueueFull
+from sandboxd.protocol import Job, JobResult, ProtocolError
+
+READY_PREFIX = "sandboxd listening on "
+_MAX_BODY_BYTES = 512 * 2**20
+
+
+class _Service:
+    def __init__(self, pool: Pool) -> None:
+        self.pool = pool
+        self.draining = False
+
+    async def _body(self, request: web.Request) -> Any:
+        try:
+            return json.loads(await request.read())
+        except (ValueError, UnicodeDecodeError):
+            raise web.HTTPBadRequest(
+                text=_err("the request body is not valid JSON"), content_type="application/json"
+            ) from None
+
+    async def _execute(self, jobs: list[Job]) -> list[JobResult]:
+        if self.draining:
+            raise QueueFull("the daemon is shutting down")
+        return await asyncio.gather(*self.pool.submit(jobs))
+
+    async def _native(self, request: web.Request, parse: Any, render: Any) -> web.Response:
+        body = await self._body(request)
+        try:
+            jobs, extra = parse(body)
+        except ProtocolError as exc:
+            return web.json_response({"error": str(exc)}, status=400)
+        try:
+            results = await self._execute(jobs)
+        except QueueFull as exc:
+            return render(None, extra, str(exc))
+        return render(results, extra, None)
+
+    async def batch(self, request: web.Request) -> web.Response:
+        def render(results: list[JobResult] | None, _extra: Any, busy: str | None) -> web.Response:
+            if results is None:
+                return web.json_response({"error": busy}, status=503)
+            return web.json_response({"results": [r.to_wire() for r in results]})
+
+        return await self._native(request, lambda b: (protocol.jobs_from_batch(b), None), render)
+
+    async def run_code(self, request: web.Request) -> web.Response:
+        def render(results: list[JobResult] | None, _extra: Any, busy: str | None) -> web.Response:
+            if results is None:  # SandboxFusion clients retry on non-200
+                return web.json_response({"status": "SandboxError", "message": busy}, status=503)
+            return web.json_response(protocol.result_to_fusion(results[0]))
+
+        return await self._native(request, lambda b: ([protocol.job_from_fusion(b)], None), render)
+
+    async def ping(self, _request: web.Request) -> web.Response:
+        return web.json_response("pong")
+
+    async def cj_run(self, request: web.Request) -> web.Response:
+        def parse(body: Any) -> tuple[list[Job], Any]:
+            job, meta = protocol.job_from_code_judge(body)
+            return [job], meta
+
+        def render(results: list[JobResult] | None, meta: Any, busy: str | None) -> web.Response:
+            if results is None:
+                busy_result = protocol.sandbox_error(busy or "busy")
+                return web.json_response(
+                    protocol.result_to_code_judge(busy_result, meta, "queue_timeout"), status=503
+                )
+            return web.json_response(protocol.result_to_code_judge(results[0], meta))
+
+        return await self._native(request, parse, render)
+
+    async def cj_batch(self, request: web.Request) -> web.Response:
+        def parse(body: Any) -> tuple[list[Job], Any]:
+            jobs, metas, sub_id = protocol.code_judge_batch(body)
+            return jobs, (metas, sub_id)
+
+        def render(results: list[JobResult] | None, extra: Any, busy: str | None) -> web.Response:
+            metas, sub_id = extra
+            if results is None:
+                busy_result = protocol.sandbox_error(busy or "busy")
+                out = [
+                    protocol.result_to_code_judge(busy_result, m, "queue_timeout") for m in metas
+                ]
+                return web.json_response({"sub_id": sub_id, "results": out}, status=503)
+            out = [protocol.result_to_code_judge(r, m) for r, m in zip(results, metas, strict=True)]
+            return web.json_response({"sub_id": sub_id, "results": out})
+
+        return await self._native(request, parse, render)
+
+    async def healthz(self, _request: web.Request) -> web.Response:
+        alive = self.pool.num_alive
+        body = {
+            "ok": alive > 0 and not self.draining,
+            "workers_alive": alive,
+            "workers": len(self.pool.slots),
+            "isolation": self.pool.layers,
+        }
+        return web.json_response(body, status=200 if body["ok"] else 503)
+
+    async def metrics(self, _request: web.Request) -> web.Response:
+        return web.Response(text=render_metrics(self.pool), content_type="text/plain")
+
+
+def _err(message: str) -> str:
+    return json.dumps({"error": message})
+
+
+def render_metrics(pool: Pool) -> str:
+    s = pool.stats
+    lines = [
+        "# TYPE sandboxd_queue_depth gauge",
+        f"sandboxd_queue_depth {s.num_queued}",
+        "# TYPE sandboxd_in_flight gauge",
+        f"sandboxd_in_flight {s.num_in_flight}",
+        "# TYPE sandboxd_workers_alive gauge",
+        f"sandboxd_workers_alive {pool.num_alive}",
+        "# TYPE sandboxd_rejected_total counter",
+        f"sandboxd_rejected_total {s.num_rejected}",
+        "# TYPE sandboxd_respawns_total counter",
+        f"sandboxd_respawns_total {s.num_respawns}",
+        "# TYPE sandboxd_jobs_total counter",
+    ]
+    lines += [f'sandboxd_jobs_total{{status="{k}"}} {v}' for k, v in s.totals.items()]
+    lines.append("# TYPE sandboxd_job_latency_seconds histogram")
+    cumulative = 0
+    for bound, count in zip(LATENCY_BUCKETS_S + (float("inf"),), s.bucket_counts, strict=True):
+        cumulative += count
+        le = "+Inf" if bound == float("inf") else repr(bound)
+        lines.append(f'sandboxd_job_latency_seconds_bucket{{le="{le}"}} {cumulative}')
+    lines.append(f"sandboxd_job_latency_seconds_sum {s.latency_sum_s:.6f}")
+    lines.append(f"sandboxd_job_latency_seconds_count {cumulative}")
+    return "\n".join(lines) + "\n"
+
+
+def build_app(pool: Pool) -> tuple[web.Application, _Service]:
+    service = _Service(pool)
+    app = web.Application(client_max_size=_MAX_BODY_BYTES)
+    app.add_routes(
+        [
+            web.post("/v1/batch", service.batch),
+            web.post("/run_code", service.run_code),
+            web.get("/v1/ping", service.ping),
+            web.post("/run", service.cj_run),
+            web.post("/run/batch", service.cj_batch),
+            web.post("/run/long-batch", service.cj_batch),
+            web.get("/healthz", service.healthz),
+            web.get("/metrics", service.metrics),
+        ]
+    )
+    return app, service
+
+
+def describe_isolation(layers: dict[str, Any]) -> tuple[str, list[str]]:
+    return ", ".join(layers.get("active", [])) or "none", list(layers.get("warnings", []))
+
+
+async def serve(
+    config: PoolConfig, host: str = "127.0.0.1", port: int = 8080, drain_s: float = 60.0
+) -> None:
+    """Run the daemon until SIGTERM/SIGINT; then drain and exit."""
+    pool = Pool(config)
+    await pool.start()
+    app, service = build_app(pool)
+    runner = web.AppRunner(app, access_log=None, handle_signals=False)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port, backlog=1024, reuse_address=True)
+    await site.start()
+    bound_port = runner.addresses[0][1]
+    active, warnings = describe_isolation(pool.layers)
+    print(
+        f"{READY_PREFIX}http://{host}:{bound_port} ({config.num_workers} workers, timeout {config.timeout_s:g} s, "
+        f"memory {config.memory_mb} MB, output {config.max_output_bytes} B); isolation: {active}",
+        flush=True,
+    )
+    for warning in warnings:
+        print(
+            f"WARNING: sandboxd isolation layer not active: {warning}", file=sys.stderr, flush=True
+        )
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    service.draining = True
+    end = time.monotonic() + drain_s
+    while not pool.idle and time.monotonic() < end:
+        await asyncio.sleep(0.05)
+    await asyncio.sleep(0.1)  # let handlers write their responses
+    await runner.cleanup()
+    await pool.close()
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="python -m sandboxd", description="Python tool-execution daemon."
+    )
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (loopback by default)")
+    p.add_argument("--port", type=int, default=8080, help="port (0 picks a free one)")
+    p.add_argument("--workers", type=int, default=max(1, os.cpu_count() or 1))
+    p.add_argument(
+        "--timeout-s", type=float, default=10.0, help="default and maximum wall time per job"
+    )
+    p.add_argument("--memory-mb", type=int, default=1024, help="address space a job may add")
+    p.add_argument("--max-output-bytes", type=int, default=1_000_000)
+    p.add_argument("--max-procs", type=int, default=64, help="processes + threads per slot")
+    p.add_argument("--disk-mb", type=int, default=64, help="private tmpfs size per slot")
+    p.add_argument("--max-queue", type=int, default=100_000)
+    p.add_argument(
+        "--preload", default=None, help="comma-separated modules to import in the zygote"
+    )
+    return p.parse_args(argv)
+
+
+def config_from_args(args: argparse.Namespace) -> PoolConfig:
+    config = PoolConfig(
+        num_workers=args.workers,
+        timeout_s=args.timeout_s,
+        memory_mb=args.memory_mb,
+        max_output_bytes=args.max_output_bytes,
+        max_procs=args.max_procs,
+        disk_mb=args.disk_mb,
+        max_queue=args.max_queue,
+    )
+    if args.preload is not None:
+        config.preload = tuple(m for m in args.preload.split(",") if m)
+    return config
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    if (
+        not 1 <= args.workers <= 256
+        or args.timeout_s <= 0
+        or args.memory_mb < 16
+        or args.max_output_bytes < 1
+    ):
+        sys.exit(
+            "sandboxd: 1 <= --workers <= 256, --timeout-s > 0, --memory-mb >= 16, --max-output-bytes >= 1"
+        )
+    asyncio.run(serve(config_from_args(args), args.host, args.port))
+
+
+# ---------------------------------------------------------------- spawn_daemon (tests, scripts)
+
+
+@dataclass
+class DaemonHandle:
+    url: str
+    process: subprocess.Popen[str]
+    startup_line: str
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        """SIGTERM (graceful drain), then SIGKILL if it does not exit in time."""
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        if self.process.stdout is not None:
+            self.process.stdout.close()
+
+    def kill(self) -> None:
+        """SIGKILL, no drain (the zygotes follow through their parent-death signals)."""
+        if self.process.poll() is None:
+            self.process.kill()
+        self.process.wait()
+
+    def __enter__(self) -> DaemonHandle:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def spawn_daemon(
+    workers: int = 2,
+    timeout_s: float = 10.0,
+    memory_mb: int = 1024,
+    port: int = 0,
+    max_output_bytes: int = 1_000_000,
+    extra_args: tuple[str, ...] = (),
+    env: dict[str, str] | None = None,
+    startup_timeout_s: float = 120.0,
+) -> DaemonHandle:
+    """Start `python -m sandboxd` on 127.0.0.1 and wait until /healthz answers."""
+    cmd = [
+        sys.executable,
+        "-m",
+        "sandboxd",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--workers",
+        str(workers),
+        "--timeout-s",
+        str(timeout_s),
+        "--memory-mb",
+        str(memory_mb),
+        "--max-output-bytes",
+        str(max_output_bytes),
+        *extra_args,
+    ]
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    full_env = dict(os.environ if env is None else env)
+    full_env["PYTHONPATH"] = root + os.pathsep + full_env.get("PYTHONPATH", "")
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=full_env)
+    assert proc.stdout is not None
+    deadline = time.monotonic() + startup_timeout_s
+    line = ""
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            proc.wait()
+            raise RuntimeError(f"sandboxd exited during start-up (code {proc.returncode})")
+        if line.startswith(READY_PREFIX):
+            break
+    match = re.search(r"http://[\d.]+:\d+", line)
+    if match is None:
+        proc.kill()
+        raise RuntimeError("sandboxd did not report its address")
+    handle = DaemonHandle(url=match.group(0), process=proc, startup_line=line.strip())
+    with urllib.request.urlopen(handle.url + "/healthz", timeout=10) as resp:
+        if resp.status != 200:
+            handle.kill()
+            raise RuntimeError("sandboxd /healthz did not answer 200")
+    return handle

@@ -1,0 +1,177 @@
+"""The native HTTP API of a real daemon: execution semantics, statuses, errors, limits, metrics."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import urllib.request
+
+import pytest
+from sbhelpers import post_json, run_jobs
+
+from sandboxd.server import spawn_daemon
+
+pytestmark = pytest.mark.integration
+
+
+def test_results_keep_order_and_carry_all_fields(daemon):
+    jobs = [{"code": f"print({i} * {i})"} for i in range(20)]
+    results = run_jobs(daemon.url, jobs)
+    assert [r["stdout"] for r in results] == [f"{i * i}\n" for i in range(20)]
+    assert all(set(r) == {"status", "stdout", "stderr", "exit_code", "duration_s"} for r in results)
+    assert all(r["status"] == "ok" and r["exit_code"] == 0 and r["duration_s"] > 0 for r in results)
+
+
+@pytest.mark.parametrize(
+    "code,stdout",
+    [
+        ("x = 3\nx * 14", "42\n"),  # last expression shown like IPython
+        ("print('a')\n1 + 1", "a\n"),  # ...but not when something was printed
+        ("None", ""),
+        ("import sympy\nsympy.factor(sympy.Symbol('x')**2 - 1)", "(x - 1)*(x + 1)\n"),
+        ("import numpy as np\nint(np.arange(10).sum())", "45\n"),
+        (
+            "from __future__ import annotations\ndef f(a: Undefined) -> int:\n    return 1\nf(0)",
+            "1\n",
+        ),
+        ("from fractions import Fraction\nFraction(1, 3) + Fraction(1, 6)", "Fraction(1, 2)\n"),
+    ],
+)
+def test_execution_semantics(daemon, code, stdout):
+    res = run_jobs(daemon.url, [{"code": code}])[0]
+    assert res["status"] == "ok", res
+    assert res["stdout"] == stdout
+
+
+def test_traceback_points_at_user_lines(daemon):
+    code = "a = 1\nb = 2\n\ndef f():\n    return 1 / 0\n\nf()\n"
+    res = run_jobs(daemon.url, [{"code": code}])[0]
+    assert res["status"] == "error" and res["exit_code"] == 1
+    assert 'File "main.py", line 5, in f' in res["stderr"]
+    assert 'File "main.py", line 7, in <module>' in res["stderr"]
+    assert (
+        "return 1 / 0" in res["stderr"]
+        and "zygote" not in res["stderr"]
+        and "runner" not in res["stderr"]
+    )
+
+
+def test_syntax_error_and_system_exit(daemon):
+    results = run_jobs(
+        daemon.url,
+        [
+            {"code": "def f(:\n"},
+            {"code": "import sys\nsys.exit(0)"},
+            {"code": "raise SystemExit(4)"},
+        ],
+    )
+    assert (
+        results[0]["status"] == "error"
+        and "SyntaxError" in results[0]["stderr"]
+        and "main.py" in results[0]["stderr"]
+    )
+    assert results[1]["status"] == "ok"
+    assert results[2]["status"] == "error" and results[2]["exit_code"] == 4
+
+
+def test_stdin_is_fed(daemon):
+    big = "\n".join(str(i) for i in range(30000)) + "\n"  # larger than a pipe buffer
+    res = run_jobs(
+        daemon.url, [{"code": "import sys\nprint(sum(int(x) for x in sys.stdin))", "stdin": big}]
+    )[0]
+    assert res["status"] == "ok" and res["stdout"] == f"{sum(range(30000))}\n"
+
+
+def test_per_job_timeout_is_honoured_and_capped(daemon):
+    results = run_jobs(
+        daemon.url,
+        [
+            {"code": "import time\ntime.sleep(1)", "timeout_s": 0.3},
+            {"code": "import time\ntime.sleep(30)", "timeout_s": 1000},
+        ],
+    )
+    assert [r["status"] for r in results] == ["timeout", "timeout"]
+    # the short limit is honoured; the huge one is capped at the daemon's --timeout-s (5 s), not 30 s
+    assert results[0]["duration_s"] < results[1]["duration_s"] < 30.0
+
+
+def test_random_state_differs_between_jobs(daemon):
+    results = run_jobs(daemon.url, [{"code": "import random\nrandom.random()"} for _ in range(4)])
+    assert len({r["stdout"] for r in results}) == 4
+
+
+@pytest.mark.parametrize(
+    "body,fragment",
+    [
+        (b"not json", "not valid JSON"),
+        ({"jobs": "x"}, "'jobs' must be a list"),
+        ({"jobs": [{"stdin": ""}]}, "missing field 'code'"),
+        ({"jobs": [{"code": 3}]}, "'code' must be a string"),
+        ({"jobs": [{"code": "1", "timeout_s": -1}]}, "positive number"),
+        ([1, 2], "must be a JSON object"),
+    ],
+)
+def test_malformed_requests_get_400(daemon, body, fragment):
+    status, answer = post_json(daemon.url + "/v1/batch", body)
+    assert status == 400
+    assert fragment in answer["error"]
+
+
+def test_healthz_and_metrics(daemon):
+    with urllib.request.urlopen(daemon.url + "/healthz") as resp:
+        health = json.loads(resp.read())
+    assert health["ok"] is True and health["workers_alive"] == 2
+    assert any("seccomp" in layer for layer in health["isolation"]["active"])
+    run_jobs(daemon.url, [{"code": "1/0"}])
+    with urllib.request.urlopen(daemon.url + "/metrics") as resp:
+        text = resp.read().decode()
+    assert 'sandboxd_jobs_total{status="error"}' in text
+    assert (
+        "sandboxd_queue_depth 0" in text
+        and 'sandboxd_job_latency_seconds_bucket{le="+Inf"}' in text
+    )
+    count = int(
+        next(
+            line
+            for line in text.splitlines()
+            if line.startswith("sandboxd_job_latency_seconds_count")
+        ).split()[1]
+    )
+    assert count >= 2
+
+
+def test_startup_line_names_isolation(daemon):
+    assert daemon.startup_line.startswith("sandboxd listening on http://127.0.0.1:")
+    assert "isolation:" in daemon.startup_line and "netns" in daemon.startup_line
+
+
+def test_full_queue_answers_503_and_drain_answers_everything():
+    handle = spawn_daemon(workers=1, timeout_s=5.0, extra_args=("--max-queue", "2"))
+    answers: list[tuple[int, object]] = []
+    try:
+        slow = {"jobs": [{"code": "import time\ntime.sleep(1.0)\nprint('done')"}]}
+        threads = [
+            threading.Thread(
+                target=lambda: answers.append(post_json(handle.url + "/v1/batch", slow))
+            )
+            for _ in range(3)
+        ]
+        for t in threads:
+            t.start()
+            time.sleep(0.15)
+        status, body = post_json(handle.url + "/v1/batch", {"jobs": [{"code": "1"}] * 3})
+        assert status == 503 and "queue full" in body["error"]
+        subs = [{"type": "python", "solution": "print(1)", "sub_id": f"s{i}"} for i in range(3)]
+        status, body = post_json(
+            handle.url + "/run/long-batch", {"type": "batch", "submissions": subs}
+        )
+        assert status == 503 and [r["reason"] for r in body["results"]] == ["queue_timeout"] * 3
+        handle.process.send_signal(15)  # graceful: the three accepted jobs must still be answered
+        for t in threads:
+            t.join(30)
+        assert handle.process.wait(30) == 0
+    finally:
+        handle.stop()
+    assert sorted(s for s, _ in answers) == [200, 200, 200]
+    assert all(b["results"][0]["stdout"] == "done\n" for _, b in answers)

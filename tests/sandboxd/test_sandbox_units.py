@@ -1,0 +1,83 @@
+"""Pure pieces of sandboxd: the seccomp program, wire validation, dialect mappings (no daemon)."""
+
+from __future__ import annotations
+
+import struct
+
+import pytest
+
+from sandboxd import isolation, protocol
+from sandboxd.protocol import Job, JobResult, ProtocolError
+
+
+def _decode(program: bytes) -> list[tuple[int, int, int, int]]:
+    return [struct.unpack("HBBI", program[i : i + 8]) for i in range(0, len(program), 8)]
+
+
+def test_seccomp_program_shape():
+    insns = _decode(isolation.build_seccomp_program())
+    # first: load arch, kill on a foreign arch; last two: allow, then the shared EPERM return
+    assert insns[0] == (0x20, 0, 0, 4) and insns[1][3] == isolation.AUDIT_ARCH_X86_64
+    assert insns[-2][3] == isolation.SECCOMP_RET_ALLOW
+    assert insns[-1][3] == isolation.SECCOMP_RET_ERRNO | isolation.EPERM
+    denied_rows = [
+        i
+        for i, ins in enumerate(insns)
+        if ins[0] == 0x15 and ins[3] in isolation.DENIED_SYSCALLS.values()
+    ]
+    assert len(denied_rows) == len(isolation.DENIED_SYSCALLS)
+    for row in denied_rows:  # every deny-list jump lands exactly on the final EPERM return
+        assert row + 1 + insns[row][1] == len(insns) - 1
+
+
+def test_job_validation():
+    assert protocol.jobs_from_batch({"jobs": [{"code": "1", "timeout_s": 2}]}) == [
+        Job("1", "", 2.0)
+    ]
+    with pytest.raises(ProtocolError, match="jobs\\[0\\]: missing field 'code'"):
+        protocol.jobs_from_batch({"jobs": [{}]})
+    with pytest.raises(ProtocolError, match="positive"):
+        protocol.job_from_wire({"code": "1", "timeout_s": True})
+
+
+@pytest.mark.parametrize(
+    "status,exit_code,fusion_status,run_status",
+    [
+        ("ok", 0, "Success", "Finished"),
+        ("error", 1, "Failed", "Finished"),
+        ("timeout", None, "Failed", "TimeLimitExceeded"),
+        ("memory", 1, "Failed", "Finished"),
+        ("output_limit", None, "Failed", "Error"),
+    ],
+)
+def test_fusion_mapping(status, exit_code, fusion_status, run_status):
+    wire = protocol.result_to_fusion(JobResult(status, "o", "e", exit_code, 0.1))
+    assert wire["status"] == fusion_status and wire["run_result"]["status"] == run_status
+    assert set(wire) == {
+        "status",
+        "message",
+        "compile_result",
+        "run_result",
+        "executor_pod_name",
+        "files",
+    }
+
+
+def test_fusion_sandbox_error_has_no_run_result():
+    wire = protocol.result_to_fusion(protocol.sandbox_error("down"))
+    assert (
+        wire["status"] == "SandboxError"
+        and wire["run_result"] is None
+        and wire["message"] == "down"
+    )
+
+
+def test_code_judge_mapping_compares_stripped_output():
+    job, meta = protocol.job_from_code_judge(
+        {"type": "python", "solution": "print(9)", "expected_output": "9\n\n"}
+    )
+    assert job == Job("print(9)", "")
+    wire = protocol.result_to_code_judge(JobResult("ok", "9\n", "", 0, 0.01), meta)
+    assert wire["success"] and wire["run_success"] and wire["reason"] == ""
+    timeout = protocol.result_to_code_judge(JobResult("timeout", "", "", None, 2.0), meta)
+    assert timeout["reason"] == "worker_timeout" and not timeout["run_success"]

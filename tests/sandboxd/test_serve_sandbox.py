@@ -1,0 +1,67 @@
+"""`rstar2 serve-sandbox`: the command is registered, documents its options and stays light."""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import subprocess
+import sys
+import urllib.request
+
+import pytest
+from typer.testing import CliRunner
+
+from rstar2cli.cli import app
+
+
+def test_serve_sandbox_help_lists_options():
+    result = CliRunner().invoke(app, ["serve-sandbox", "--help"])
+    assert result.exit_code == 0
+    for option in (
+        "--host",
+        "--port",
+        "--workers",
+        "--timeout-s",
+        "--memory-mb",
+        "--max-output-bytes",
+    ):
+        assert option in result.output
+
+
+def test_serve_sandbox_module_imports_nothing_heavy():
+    code = "import sys, rstar2cli.commands.serve_sandbox; print(sorted(m for m in ('torch', 'sandboxd.server', 'aiohttp') if m in sys.modules))"
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout
+    assert out.strip() == "[]"
+
+
+@pytest.mark.integration
+def test_serve_sandbox_serves_and_stops_cleanly():
+    cmd = [
+        sys.executable,
+        "-c",
+        "from rstar2cli.cli import main; main()",
+        "serve-sandbox",
+        "--port",
+        "0",
+    ]
+    cmd += ["--workers", "1", "--timeout-s", "2", "--preload", "math"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
+    try:
+        line = proc.stdout.readline()
+        assert line.startswith("sandboxd listening on http://127.0.0.1:") and "isolation:" in line
+        url = re.search(r"http://[\d.]+:\d+", line).group(0)
+        body = json.dumps({"jobs": [{"code": "import math\nmath.comb(10, 3)"}]}).encode()
+        req = urllib.request.Request(
+            url + "/v1/batch", data=body, headers={"Content-Type": "application/json"}
+        )
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            assert json.loads(resp.read())["results"][0]["stdout"] == "120\n"
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.stdout.close()
