@@ -10,7 +10,9 @@
     prefill = p per token) to timed calls on one engine.
 (b) Simulated cluster (`scheduler_sim`, the real `Scheduler` inside): 64 engines, 512 prompts x
     32 rollouts, lengths up to 8K, with the cost model from (a); each policy's makespan against
-    the lower bound max(work bound, critical path).
+    the lower bound max(work bound, critical path). Policies: kv-full (the paper's reservation),
+    kv-per_turn, kv-incremental (the default kv mode), static, least-requests; `--policies`
+    picks some of them.
 
     python benchmarks/scheduler.py                 # both parts (a takes minutes on 2 cores)
     python benchmarks/scheduler.py --part b --cost 0.01,1e-4,1e-8,2e-5
@@ -30,7 +32,15 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-POLICIES = [("kv", "full"), ("kv", "per_turn"), ("static", "full"), ("least-requests", "full")]
+POLICIES = [("kv", "full"), ("kv", "per_turn"), ("kv", "incremental"), ("static", "full"),
+            ("least-requests", "full")]
+
+
+def _selected(args) -> list[tuple[str, str]]:
+    if not args.policies:
+        return POLICIES
+    by_label = {_label(p, m): (p, m) for p, m in POLICIES}
+    return [by_label[name] for name in args.policies.split(",") if name in by_label]
 
 
 def _label(policy: str, mode: str) -> str:
@@ -196,8 +206,9 @@ async def run_real(args) -> tuple[list[list[str]], object]:
         print("  (batch, s/step) points: " + ", ".join(f"({b}, {t * 1e3:.1f} ms)" for b, t in points))
         async with LocalSandbox(num_workers=2, timeout_s=10.0) as sandbox:
             await _warm_up(engines, sandbox, items, tok)
-            for policy, mode in POLICIES:
+            for policy, mode in _selected(args):
                 sched = SchedulerConfig(policy=policy, kv_mode=mode, step_tokens=args.step_tokens,
+                                        migrate_after_s=args.migrate_after_s,
                                         max_active_per_engine=None if policy == "kv" else args.concurrency)
                 agent = AgentConfig(max_response_tokens=args.max_response_tokens)
                 done = []
@@ -245,9 +256,9 @@ def run_sim(args, cost) -> None:
                                      cost, args.sim_max_seqs)
     lb = max(work_lb, path_lb)
     results = []
-    for policy, mode in POLICIES:
+    for policy, mode in _selected(args):
         config = SchedulerConfig(policy=policy, kv_mode=mode, step_tokens=args.step_tokens,
-                                 max_active_per_engine=args.sim_max_seqs)
+                                 max_active_per_engine=args.sim_max_seqs, migrate_after_s=args.migrate_after_s)
         start = time.perf_counter()
         r = simulate(work, config, args.sim_engines, args.sim_kv_tokens, args.sim_max_response, cost,
                      args.sim_max_seqs)
@@ -260,12 +271,16 @@ def run_sim(args, cost) -> None:
           f"p={cost.p_s:.2e}")
     print(f"lower bound = max(work {work_lb:.1f} s, critical path {path_lb:.1f} s) = {lb:.1f} s")
     header = ["policy", "makespan s", "x lower bound", "idle frac", "preempt", "mean KV use",
-              "migrations", "static/x", "least-req/x"]
+              "migrations", "prefill Mtok", "static/x", "least-req/x"]
     table = [[r.policy, f"{r.makespan_s:.1f}", f"{r.makespan_s / lb:.3f}", f"{r.idle_fraction:.3f}",
               str(r.num_preemptions), f"{r.mean_kv_use:.2f}", str(r.num_migrations),
-              f"{by['static'] / r.makespan_s:.2f}x", f"{by['least-requests'] / r.makespan_s:.2f}x"]
+              f"{r.num_prefill_tokens / 1e6:.1f}", _ratio(by, "static", r), _ratio(by, "least-requests", r)]
              for r in results]
     _print_table(header, table)
+
+
+def _ratio(by: dict, name: str, r) -> str:
+    return f"{by[name] / r.makespan_s:.2f}x" if name in by else "-"
 
 
 def _print_table(header, rows) -> None:
@@ -287,6 +302,8 @@ def main() -> None:
     ap.add_argument("--concurrency", type=int, default=24, help="baselines' trajectories per engine (a)")
     ap.add_argument("--step-tokens", type=int, default=256, help="kv per_turn step (a, b)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--policies", default=None, help="comma list of labels to run (default: all)")
+    ap.add_argument("--migrate-after-s", type=float, default=30.0, help="kv incremental (a, b)")
     ap.add_argument("--cost", default=None, help="a,b,c,p for (b) instead of fitting in (a)")
     ap.add_argument("--sim-engines", type=int, default=64)
     ap.add_argument("--sim-prompts", type=int, default=512)
@@ -294,6 +311,7 @@ def main() -> None:
     ap.add_argument("--sim-max-response", type=int, default=8192)
     ap.add_argument("--sim-kv-tokens", type=int, default=262144)
     ap.add_argument("--sim-max-seqs", type=int, default=256)
+    ap.add_argument("--sim-step-tokens", type=int, default=1024, help="kv per_turn/incremental step (b)")
     args = ap.parse_args()
     from scheduler_sim import Cost
 
@@ -305,7 +323,7 @@ def main() -> None:
     if args.part in ("b", "both"):
         if cost is None:
             raise SystemExit("part b needs --cost a,b,c,p or part a to fit it")
-        args.step_tokens = max(args.step_tokens, 1024)
+        args.step_tokens = args.sim_step_tokens
         run_sim(args, cost)
 
 

@@ -3,8 +3,13 @@
 Used by benchmarks/scheduler.py part (b). Each simulated engine behaves like vLLM's scheduler in
 the ways that matter here: continuous batching (requests join and leave between steps), a KV
 capacity in tokens, recompute preemption when the running batch outgrows it (the newest request
-loses its KV and is re-prefilled later), a prefix cache (a trajectory's next turn on the same
-engine prefills only its new tokens), and a `max_num_seqs` cap. Step time is a cost model:
+loses its KV and is re-prefilled later, prompt + everything generated so far; the prefill stalls
+the whole batch for that step), a prefix cache (a trajectory's next turn on the same engine
+prefills only its new tokens), and a `max_num_seqs` cap. The prefix cache is bounded as in vLLM:
+a finished request's blocks stay cached only while they are free and unclaimed, so the cache
+lives in the KV the running batch does not use, and the least recently used entries are evicted
+as the batch grows (an engine packed full of running requests loses the cached prefixes of the
+trajectories waiting for tools; a ledger reservation does not pin them either). Step time is a cost model:
 
     step_s = a + b * batch + c * sum(context)      prefill_s = p * prefill tokens
 
@@ -21,7 +26,7 @@ import heapq
 import math
 import random
 import sys
-from collections import deque
+from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -93,7 +98,14 @@ class SimEngine:
     max_num_seqs: int
     running: list[_Req] = field(default_factory=list)
     waiting: deque = field(default_factory=deque)
-    cached: dict = field(default_factory=dict)  # trajectory key -> context cached here
+    # trajectory key -> context still cached here, least recently used first. vLLM keeps a finished
+    # request's blocks only while they are free and unclaimed: the cache lives in the KV the running
+    # batch does not use, and the oldest entries are evicted as the batch grows (`_evict`).
+    cached: OrderedDict = field(default_factory=OrderedDict)
+    num_cached_tokens: int = 0
+    num_evicted_tokens: int = 0
+    num_recomputed_tokens: int = 0  # re-prefilled after a preemption
+    num_prefill_tokens: int = 0
     stepping: bool = False
     num_preemptions: int = 0
     busy_s: float = 0.0
@@ -101,6 +113,23 @@ class SimEngine:
 
     def kv_used(self) -> int:
         return sum(r.ctx for r in self.running)
+
+    def cache_put(self, key: int, num_tokens: int) -> None:
+        self.cache_take(key)
+        self.cached[key] = num_tokens
+        self.num_cached_tokens += num_tokens
+
+    def cache_take(self, key: int) -> int:
+        num = self.cached.pop(key, 0)
+        self.num_cached_tokens -= num
+        return num
+
+    def evict(self, room_tokens: int) -> None:
+        """Drop least recently used cached contexts until they fit in `room_tokens` of free KV."""
+        while self.cached and self.num_cached_tokens > max(room_tokens, 0):
+            _, num = self.cached.popitem(last=False)
+            self.num_cached_tokens -= num
+            self.num_evicted_tokens += num
 
 
 @dataclass
@@ -112,6 +141,7 @@ class SimResult:
     num_tokens: int
     mean_kv_use: float
     num_migrations: int
+    num_prefill_tokens: int = 0
 
     @property
     def idle_fraction(self) -> float:
@@ -145,8 +175,8 @@ def simulate(
         for d in sched.schedule():
             t = trajs[d.key]
             eng = engines[d.engine]
-            cached = eng.cached.pop(d.key, 0)
-            eng.waiting.append(_Req(d.key, ctx[d.key], min(t.turn_left, d.max_tokens), prefill=ctx[d.key] - cached))
+            # prefill is decided when the engine admits it (-1): what is still cached then is reused
+            eng.waiting.append(_Req(d.key, ctx[d.key], min(t.turn_left, d.max_tokens), prefill=-1))
             if not eng.stepping:
                 plan(eng)
 
@@ -155,7 +185,10 @@ def simulate(
             nxt = eng.waiting[0]
             if eng.kv_used() + nxt.ctx + 1 > eng.capacity_tokens and eng.running:
                 break
-            eng.running.append(eng.waiting.popleft())
+            req = eng.waiting.popleft()
+            if req.prefill < 0:
+                req.prefill = req.ctx - min(eng.cache_take(req.key), req.ctx)
+            eng.running.append(req)
         if not eng.running:
             eng.stepping = False
             return
@@ -163,13 +196,16 @@ def simulate(
         while used + len(eng.running) > eng.capacity_tokens and len(eng.running) > 1:
             victim = eng.running.pop()  # recompute preemption: the newest request loses its KV
             victim.prefill = victim.ctx
+            eng.num_recomputed_tokens += victim.ctx
             eng.waiting.appendleft(victim)
             eng.num_preemptions += 1
             used -= victim.ctx
         batch = len(eng.running)
         room = max(1, (eng.capacity_tokens - used) // batch)
         k = max(1, min(min(r.left for r in eng.running), MAX_MACRO_STEPS, room))
+        eng.evict(eng.capacity_tokens - used - batch * k)  # the batch's growth claims free blocks
         prefill = sum(r.prefill for r in eng.running)
+        eng.num_prefill_tokens += prefill
         dt = cost.p_s * prefill + k * cost.step_s(batch, 0) + cost.c_s * (k * used + batch * k * (k - 1) / 2)
         for r in eng.running:
             r.prefill = 0
@@ -183,7 +219,7 @@ def simulate(
         ctx[key] += made
         t.turn_left -= made
         t.response_tokens += made
-        eng.cached[key] = ctx[key]
+        eng.cache_put(key, ctx[key])
         if t.response_tokens >= max_response:
             sched.on_generated(key, ctx[key], Status.DONE)
         elif t.turn_left > 0:
@@ -242,6 +278,7 @@ def simulate(
         num_tokens=num_tokens,
         mean_kv_use=mean_kv,
         num_migrations=sched.num_migrations,
+        num_prefill_tokens=sum(e.num_prefill_tokens for e in engines),
     )
 
 

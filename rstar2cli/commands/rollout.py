@@ -22,6 +22,7 @@ from typing import Any
 
 import typer
 
+from rstar2cli.agent.inputs import check_sandboxes, load_problems
 from rstar2cli.errors import UserError
 
 _FLUSH_EVERY = 16
@@ -44,7 +45,10 @@ def rollout(
         "kv", "--scheduler", help="kv (KV-cache-aware) | static | least-requests."
     ),
     kv_mode: str = typer.Option(
-        "full", "--kv-mode", help="kv scheduler reservation: full (prompt + max response) | per_turn."
+        "incremental",
+        "--kv-mode",
+        help="kv scheduler reservation: incremental (context + next step, never over-commits) | "
+        "full (the paper's prompt + max response) | per_turn.",
     ),
     max_turns: int = typer.Option(10, "--max-turns", min=1, help="Most model turns per trajectory."),
     max_response_tokens: int = typer.Option(
@@ -91,10 +95,10 @@ def rollout(
         raise UserError(str(exc)) from exc
     if not model.is_dir():
         raise UserError(f"model path not found: {model}")
-    problems = _load_problems(data)
+    problems = load_problems(data, require_answer=False)
     urls = list(sandbox or [])
     if urls:
-        _check_sandboxes(urls)
+        check_sandboxes(urls)
     items = _pending_items(problems, n, out)
     if not items:
         console.print(f"rollout: all {len(problems) * n} trajectories already in {out}; nothing to do")
@@ -111,44 +115,6 @@ def rollout(
         _run(console, model, items, out, engines, engine, urls, ray_address, kv_cache_tokens,
              agent_config, sched_config, settings)
     )
-
-
-def _load_problems(data: Path) -> list[dict[str, Any]]:
-    from rstar2cli.fileio import read_records
-
-    rows, _ = read_records(data)
-    problems = []
-    for i, row in enumerate(rows):
-        question = row.get("question")
-        if not isinstance(question, str) or not question.strip():
-            continue
-        answer = row.get("answer")
-        problems.append({
-            "id": str(row.get("id", i)),
-            "question": question,
-            "answer": None if answer is None else str(answer),
-        })
-    if not problems:
-        raise UserError(f"no questions in {data} (expected rows with a non-empty 'question' field)")
-    return problems
-
-
-def _check_sandboxes(urls: list[str]) -> None:
-    import asyncio
-
-    from sandboxd.client import SandboxClient, SandboxUnreachable
-
-    async def check() -> None:
-        client = SandboxClient(urls, timeout_s=5.0, max_attempts=1)
-        try:
-            await client.check()
-        finally:
-            await client.close()
-
-    try:
-        asyncio.run(check())
-    except SandboxUnreachable as exc:
-        raise UserError(str(exc).splitlines()[0]) from exc
 
 
 def _pending_items(problems: list[dict[str, Any]], n: int, out: Path) -> list[dict[str, Any]]:

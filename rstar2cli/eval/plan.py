@@ -13,6 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from rstar2cli.agent.inputs import check_sandboxes
 from rstar2cli.errors import UserError
 
 SUMMARY = "summary.json"
@@ -92,24 +93,6 @@ class Plan:
             )
         self.tokenizer_path = str(tok)
         self.default_label = Path(served).name or served
-
-
-def check_sandboxes(urls: list[str]) -> None:
-    import asyncio
-
-    from sandboxd.client import SandboxClient, SandboxUnreachable
-
-    async def check() -> None:
-        client = SandboxClient(urls, timeout_s=5.0, max_attempts=1)
-        try:
-            await client.check()
-        finally:
-            await client.close()
-
-    try:
-        asyncio.run(check())
-    except SandboxUnreachable as exc:
-        raise UserError(str(exc).splitlines()[0]) from exc
 
 
 def check_settings(out: Path, label: str, settings: dict) -> None:

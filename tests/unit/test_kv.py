@@ -58,3 +58,14 @@ def test_bad_capacities_are_rejected():
         KVLedger([0])
     with pytest.raises(ValueError):
         KVLedger([10], block_size_tokens=0)
+
+
+def test_resize_grows_only_into_free_room_and_shrinks_freely():
+    ledger = KVLedger([100], block_size_tokens=10)
+    ledger.reserve("a", 0, 35)  # 40 (4 blocks)
+    ledger.reserve("b", 0, 50)
+    assert not ledger.resize("a", 51)  # 60 needs 20 more; 10 free
+    assert ledger.used(0) == 90 and ledger.holding("a").num_tokens == 40
+    assert ledger.resize("a", 50) and ledger.free(0) == 0  # exactly full is allowed
+    assert ledger.resize("a", 12) and ledger.used(0) == 70  # shrink to 2 blocks
+    assert not ledger.over_committed()

@@ -14,6 +14,7 @@ from rstar2cli.scheduler.scheduler import Scheduler, SchedulerConfig, Status
 
 
 def make(capacities, policy="kv", clock=None, **kw):
+    kw.setdefault("kv_mode", "full")  # the paper's mode unless a test names another
     config = SchedulerConfig(policy=policy, **kw)
     return Scheduler(capacities, config, clock=clock or (lambda: 0.0))
 
@@ -88,7 +89,7 @@ def test_kv_running_cap_is_respected():
 def test_block_budget_rounds_reservations():
     # 16-token blocks: 100 + 400 = 500 -> 512 tokens, so a 1024-token engine holds two, not three
     # (three would need 1536; with token accounting 2 x 500 leaves 24 but the third needs 500).
-    s = Scheduler([1024], SchedulerConfig(), block_size_tokens=16, clock=lambda: 0.0)
+    s = Scheduler([1024], SchedulerConfig(kv_mode="full"), block_size_tokens=16, clock=lambda: 0.0)
     for k in range(3):
         s.add(k, 100, 400)
     assert len(s.schedule()) == 2 and s.ledger.used(0) == 1024
@@ -139,6 +140,87 @@ def test_per_turn_affinity_then_migration_then_waiting():
     assert s.schedule() == [] and s.slots["a"].status is Status.WAITING
     s.ledger.release("filler-home")
     assert keys_engines(s.schedule()) == [("a", home)]
+
+
+# -- kv policy, incremental mode -----------------------------------------------------------------
+
+
+def test_incremental_reserves_step_and_keeps_the_context_through_the_tool():
+    s = make([1000], kv_mode="incremental", step_tokens=200)
+    s.add("a", 100, 600)
+    (d,) = s.schedule()
+    assert d.max_tokens == 200 and s.ledger.used(0) == 300
+    s.on_generated("a", 300, Status.TOOL)
+    assert s.ledger.used(0) == 300  # the context stays reserved: its prefix stays cached
+    s.on_tool_done("a", 340)
+    (d2,) = s.schedule()
+    assert (d2.engine, d2.max_tokens) == (0, 200) and s.ledger.used(0) == 540
+    s.on_generated("a", 540, Status.DONE)
+    assert s.ledger.used(0) == 0
+
+
+def test_incremental_rejects_a_trajectory_whose_budget_can_never_fit():
+    s = make([1000], kv_mode="incremental", step_tokens=100)
+    with pytest.raises(ValueError, match="KV tokens"):
+        s.add("a", 100, 1000)  # its first step fits, its last could not
+
+
+def test_incremental_waits_for_home_then_migrates_after_the_timeout():
+    now = [0.0]
+    s = make([1000, 1000], kv_mode="incremental", step_tokens=100, migrate_after_s=5.0,
+             clock=lambda: now[0])
+    for k in ("a", "b", "c"):
+        s.add(k, 100, 800)
+    assert keys_engines(s.schedule()) == [("a", 0), ("b", 1), ("c", 0)]  # tie -> fewer running
+    s.on_generated("a", 200, Status.TOOL)
+    s.ledger.force_reserve("filler", 0, 550)  # engine 0: a 200 + c 200 + 550; 50 free
+    s.on_tool_done("a", 220)  # needs 320: 120 more than it holds
+    assert s.schedule() == []  # c still runs at home: wait there rather than re-prefill elsewhere
+    now[0] = 5.0
+    assert keys_engines(s.schedule()) == [("a", 1)]
+    assert s.num_migrations == 1 and s.ledger.used(0) == 750 and s.ledger.used(1) == 520
+
+
+def test_incremental_owes_freed_room_to_its_waiting_trajectory_before_new_ones():
+    s = make([1000], kv_mode="incremental", step_tokens=100, min_step_tokens=100)
+    s.add("a", 100, 800)
+    s.add("b", 100, 800)
+    s.schedule()
+    s.on_generated("a", 200, Status.TOOL)
+    s.ledger.force_reserve("filler", 0, 500)  # a 200 + b 200 + 500: 100 free
+    s.on_tool_done("a", 220)  # needs 120 more
+    s.add("new", 50, 50)  # needs 100: it fits, but the room is owed to a
+    assert s.schedule() == []
+    s.on_generated("b", 200, Status.DONE)
+    assert keys_engines(s.schedule()) == [("a", 0), ("new", 0)]
+    assert s.ledger.used(0) == 500 + 320 + 100
+
+
+def test_incremental_goes_on_at_home_with_a_smaller_step_when_a_full_one_does_not_fit():
+    s = make([1000], kv_mode="incremental", step_tokens=100, min_step_tokens=50)
+    s.add("a", 100, 800)
+    s.add("b", 100, 800)
+    s.schedule()
+    s.on_generated("a", 200, Status.TOOL)
+    s.ledger.force_reserve("filler", 0, 500)  # 100 free: a can grow by 80, not 100
+    s.on_tool_done("a", 220)
+    (d,) = s.schedule()
+    assert (d.key, d.engine, d.max_tokens) == ("a", 0, 80) and s.ledger.free(0) == 0
+    s.on_generated("a", 300, Status.WAITING)  # cut by its smaller step; next one is full again
+    s.on_generated("b", 200, Status.DONE)
+    (d2,) = s.schedule()
+    assert d2.max_tokens == 100 and s.ledger.used(0) == 500 + 400
+
+
+def test_incremental_moves_at_once_when_nothing_runs_at_home():
+    s = make([1000, 1000], kv_mode="incremental", step_tokens=100, migrate_after_s=1e9)
+    s.add("a", 100, 800)
+    s.schedule()
+    s.on_generated("a", 200, Status.TOOL)
+    s.ledger.force_reserve("filler", 0, 750)  # nothing will free room on engine 0
+    s.on_tool_done("a", 220)
+    assert keys_engines(s.schedule()) == [("a", 1)]
+    assert s.ledger.used(0) == 750  # its old hold was released
 
 
 # -- baselines -----------------------------------------------------------------------------------
@@ -239,7 +321,7 @@ def random_scripts(rng, num, max_response):
     return scripts
 
 
-@pytest.mark.parametrize("kv_mode", ["full", "per_turn"])
+@pytest.mark.parametrize("kv_mode", ["full", "per_turn", "incremental"])
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_kv_never_over_commits_and_finishes_everything(kv_mode, seed):
     rng = random.Random(seed)
