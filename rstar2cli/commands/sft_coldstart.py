@@ -1,0 +1,87 @@
+"""`rstar2 sft-coldstart`: the non-reasoning cold-start SFT, from a recipe, resumable.
+
+Parses options, loads and validates the recipe (every problem listed at once, before any work),
+checks that local data files exist, writes the resolved recipe to OUT/recipe.yaml and hands over
+to `rstar2cli.sft.train.run`. Rerunning the same command with the same OUT resumes from the
+newest checkpoint; a different recipe for an existing OUT is refused. torch, transformers and
+deepspeed are imported inside the function so `rstar2 --help` stays instant.
+Tested in tests/unit/test_sft_recipe.py and tests/integration/test_sft_resume.py.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import typer
+
+from rstar2cli.errors import UserError
+
+
+def sft_coldstart(
+    recipe: Path = typer.Option(
+        ..., "--recipe", help="SFT recipe YAML (e.g. recipes/tiny/sft.yaml)."
+    ),
+    sets: list[str] | None = typer.Option(
+        None,
+        "--set",
+        metavar="KEY=VALUE",
+        help="Override a recipe value, e.g. train.lr=1.0e-5. Repeatable.",
+    ),
+    out: Path = typer.Option(
+        ..., "--out", help="Run folder: recipe, checkpoints, metrics, final/ model."
+    ),
+    model: str | None = typer.Option(
+        None,
+        "--model",
+        metavar="PATH|tiny",
+        help="Start from this HF model (or a fresh tiny one); overrides the recipe.",
+    ),
+) -> None:
+    """Cold-start SFT on tool-call format and chat data; writes a HF model folder to OUT/final."""
+    import yaml
+    from rich.console import Console
+
+    from rstar2cli.recipe import dump_recipe, load_recipe
+    from rstar2cli.sft.recipe import SftRecipe
+
+    console = Console(highlight=False, stderr=True)
+    resolved = load_recipe(recipe, SftRecipe, list(sets or []))
+    if model is not None:
+        resolved.model = model
+    _check_sources(resolved)
+    recipe_path = out / "recipe.yaml"
+    if recipe_path.exists():
+        before = yaml.safe_load(recipe_path.read_text(encoding="utf-8"))
+        now = resolved.model_dump(mode="json")
+        if before != now:
+            changed = sorted(k for k in set(before) | set(now) if before.get(k) != now.get(k))
+            raise UserError(
+                f"{out} holds a run with a different recipe (sections differing: {', '.join(changed)}); "
+                "rerun with the same recipe to resume, or pick a new --out"
+            )
+    if (out / "final" / "config.json").exists():
+        console.print(f"sft-coldstart: {out} is already finished; model in {out / 'final'}")
+        return
+    if os.environ.get("RANK", "0") == "0":
+        dump_recipe(resolved, recipe_path)
+    from rstar2cli.sft.train import run
+
+    final = run(resolved, out)
+    if os.environ.get("RANK", "0") == "0":
+        console.print(f"sft-coldstart: done; model in {final} (metrics: {out / 'metrics.jsonl'})")
+
+
+def _check_sources(recipe: object) -> None:
+    from rstar2cli.fileio import RECORD_SUFFIXES
+
+    missing = [
+        s.path
+        for s in recipe.data.sources
+        if Path(s.path).suffix.lower() in RECORD_SUFFIXES and not Path(s.path).is_file()
+    ]
+    if missing:
+        raise UserError(f"data file(s) not found: {', '.join(missing)}")
+    local = recipe.model.startswith(("/", "./", "../", "~"))
+    if local and not Path(recipe.model).expanduser().exists():
+        raise UserError(f"model folder not found: {recipe.model}")

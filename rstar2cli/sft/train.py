@@ -1,0 +1,350 @@
+"""The SFT trainer: DeepSpeed engine, packed micro-batches, exact resume, HF folder at the end.
+
+One optimizer step takes the next `global_batch_size` examples of a seeded, per-epoch shuffled
+order, splits them into micro-batches of `micro_batch_size` examples (dealt round-robin to the
+ranks), packs each into rows (`rstar2cli.sft.packing`) and accumulates gradients; the loss is the
+token-level mean over all target tokens of the global batch, whatever the packing. AdamW (a torch
+optimizer object: DeepSpeed's CPU Adam would compile for ~40 s), cosine schedule with linear
+warm-up, gradient clipping and ZeRO stage come from the recipe; bf16 on GPU, fp32 on CPU
+(`DS_ACCELERATOR=cpu`, gloo). One process needs no launcher; several come from the DeepSpeed
+launcher (`deepspeed --num_gpus N --no_python --no_local_rank rstar2 sft-coldstart ...`).
+
+Every `checkpoint.every_steps` it saves model, optimizer, scheduler, RNG states and the step
+(which fixes the data position, since the order is a function of seed and epoch). Rerunning the
+same command loads the newest checkpoint and continues; on CPU the resumed run is bit-identical to
+an uninterrupted one. Output under OUT: metrics.jsonl, tb/ (TensorBoard), checkpoints/,
+rejects.jsonl, final/ (save_pretrained + tokenizer + chat template, what vLLM and `rl-stage`
+load). Tested in tests/integration/test_sft_resume.py.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import random
+import shutil
+import socket
+import time
+from pathlib import Path
+from typing import Any
+
+from rstar2cli import protocol as P
+from rstar2cli.errors import UserError
+from rstar2cli.sft.recipe import SftRecipe, check_world_size, gradient_accumulation_steps
+
+
+def setup_process_env() -> None:
+    """Single process without a launcher: fill in what torch.distributed expects."""
+    if "RANK" not in os.environ:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        os.environ.update(
+            MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", WORLD_SIZE="1", LOCAL_RANK="0"
+        )
+    import torch
+
+    if not torch.cuda.is_available():
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")  # NOTE: must be set before deepspeed imports
+
+
+def cosine_factor(step: int, total_steps: int, warmup_steps: int, min_ratio: float) -> float:
+    """LR multiplier for the optimizer step with index `step` (0-based)."""
+    if step < warmup_steps:
+        return (step + 1) / warmup_steps
+    progress = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
+    return min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+def batch_indices(step: int, num_examples: int, batch_size: int, seed: int) -> list[int]:
+    """Example indices of one optimizer step: positions step*B .. step*B+B-1 of the stream of
+    per-epoch permutations (a permutation depends only on seed and epoch, so resume needs only
+    the step)."""
+    import torch
+
+    out, perms = [], {}
+    for pos in range(step * batch_size, (step + 1) * batch_size):
+        epoch = pos // num_examples
+        if epoch not in perms:
+            g = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
+            perms[epoch] = torch.randperm(num_examples, generator=g).tolist()
+        out.append(perms[epoch][pos % num_examples])
+    return out
+
+
+def total_steps(recipe: SftRecipe, num_examples: int) -> int:
+    if recipe.train.max_steps is not None:
+        return recipe.train.max_steps
+    return max(1, int(recipe.train.num_epochs * num_examples) // recipe.train.global_batch_size)
+
+
+def ds_config(recipe: SftRecipe, world_size: int, bf16: bool) -> dict[str, Any]:
+    t = recipe.train
+    return {
+        "train_batch_size": t.global_batch_size,
+        "train_micro_batch_size_per_gpu": t.micro_batch_size,
+        "gradient_accumulation_steps": gradient_accumulation_steps(recipe, world_size),
+        "gradient_clipping": t.grad_clip,
+        "zero_optimization": {"stage": t.zero_stage},
+        "zero_allow_untested_optimizer": True,  # a torch AdamW object (see module docstring)
+        "bf16": {"enabled": bf16},
+        "steps_per_print": 10**9,
+        "wall_clock_breakdown": False,
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# Model and data
+
+
+def _model_path(recipe: SftRecipe, out: Path, rank: int) -> str:
+    if recipe.model != "tiny":
+        return recipe.model
+    import torch.distributed as dist
+
+    path = out / "init_model"
+    if rank == 0 and not (path / "config.json").exists():
+        from rstar2cli.data.tiny import build_tiny_model_dir
+
+        build_tiny_model_dir(path, seed=recipe.train.seed)
+    dist.barrier()
+    return str(path)
+
+
+def _load_tokenizer(path: str) -> Any:
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(path)
+    ids = tok(P.IM_END, add_special_tokens=False)["input_ids"]
+    if len(ids) != 1:
+        raise UserError(f"the tokenizer of {path} does not have {P.IM_END} as one token")
+    if tok.pad_token_id is None:
+        tok.pad_token = P.IM_END
+    return tok
+
+
+def _load_data(recipe: SftRecipe, tok: Any, out: Path, rank: int) -> list[Any]:
+    from rstar2cli.fileio import write_jsonl_atomic
+    from rstar2cli.sft.data import build_examples
+
+    examples, rejects = build_examples(recipe.data, tok, recipe.train.seed)
+    if rank == 0:
+        write_jsonl_atomic(out / "rejects.jsonl", rejects)
+    if not examples:
+        raise UserError(
+            f"no usable SFT examples ({len(rejects)} rejected; see {out / 'rejects.jsonl'})"
+        )
+    return examples
+
+
+def _build_engine(recipe: SftRecipe, model_path: str, num_steps: int, world: int, bf16: bool):
+    import deepspeed
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    t = recipe.train
+    torch.manual_seed(t.seed)
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+    model.config.use_cache = False
+    optimizer = torch.optim.AdamW(
+        model.parameters(),
+        lr=t.lr,
+        betas=(t.adam_beta1, t.adam_beta2),
+        eps=t.adam_eps,
+        weight_decay=t.weight_decay,
+    )
+    warmup = math.ceil(t.warmup_ratio * num_steps)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda s: cosine_factor(s, num_steps, warmup, t.min_lr_ratio)
+    )
+    engine, _, _, _ = deepspeed.initialize(
+        model=model,
+        optimizer=optimizer,
+        lr_scheduler=scheduler,
+        config=ds_config(recipe, world, bf16),
+    )
+    return engine
+
+
+# ---------------------------------------------------------------------------------------------
+# Checkpoints
+
+
+def _rng_state() -> dict[str, Any]:
+    import numpy as np
+    import torch
+
+    return {
+        "python": random.getstate(),
+        "numpy": np.random.get_state(),
+        "torch": torch.get_rng_state(),
+    }
+
+
+def _set_rng_state(state: dict[str, Any]) -> None:
+    import numpy as np
+    import torch
+
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+
+
+def _resume(engine: Any, ckpt_dir: Path) -> int:
+    """Load the newest checkpoint if there is one; returns the number of steps already done."""
+    if not (ckpt_dir / "latest").exists():
+        return 0
+    _, client = engine.load_checkpoint(str(ckpt_dir))
+    if client is None:
+        raise UserError(f"cannot load the checkpoint in {ckpt_dir}")
+    _set_rng_state(client["rng"])
+    return int(client["step"])
+
+
+def _save(engine: Any, ckpt_dir: Path, step: int, keep_last: int, rank: int) -> None:
+    engine.save_checkpoint(
+        str(ckpt_dir), tag=f"step{step}", client_state={"step": step, "rng": _rng_state()}
+    )
+    if rank == 0:
+        tags = sorted(
+            (p for p in ckpt_dir.glob("step*") if p.is_dir()), key=lambda p: int(p.name[4:])
+        )
+        for old in tags[:-keep_last]:
+            shutil.rmtree(old, ignore_errors=True)
+
+
+def save_final(engine: Any, tok: Any, out: Path, recipe: SftRecipe, rank: int) -> Path:
+    """HF folder (weights, tokenizer, chat template, generation config) written atomically."""
+    import deepspeed
+
+    final, tmp = out / "final", out / "final.tmp"
+    params = list(engine.module.parameters())
+    with deepspeed.zero.GatheredParameters(params, enabled=recipe.train.zero_stage == 3):
+        if rank == 0:
+            shutil.rmtree(tmp, ignore_errors=True)
+            module = engine.module
+            module.generation_config.eos_token_id = tok.convert_tokens_to_ids(P.IM_END)
+            module.generation_config.pad_token_id = tok.pad_token_id
+            module.config.use_cache = True
+            module.save_pretrained(tmp, safe_serialization=True)
+            tok.save_pretrained(tmp)
+            shutil.rmtree(final, ignore_errors=True)
+            os.replace(tmp, final)
+    return final
+
+
+# ---------------------------------------------------------------------------------------------
+# Training loop
+
+
+def _train_step(
+    engine: Any,
+    examples: list[Any],
+    idx: list[int],
+    recipe: SftRecipe,
+    pad_id: int,
+    rank: int,
+    world: int,
+) -> tuple[float, int, int, float | None]:
+    """One optimizer step; returns this rank's (loss sum, target tokens, tokens, grad norm)."""
+    from rstar2cli.sft.packing import collate, forward_loss_sum
+
+    t = recipe.train
+    gas = gradient_accumulation_steps(recipe, world)
+    global_targets = sum(sum(examples[i].loss_mask[1:]) for i in idx)
+    micro = [idx[j : j + t.micro_batch_size] for j in range(0, len(idx), t.micro_batch_size)]
+    loss_sum, num_targets, num_tokens, grad_norm = 0.0, 0, 0, None
+    for chunk in micro[rank::world]:
+        batch = collate([examples[i] for i in chunk], recipe.data.max_seq_len, pad_id, t.packing)
+        dev = engine.device
+        batch.input_ids, batch.position_ids, batch.labels = (
+            batch.input_ids.to(dev),
+            batch.position_ids.to(dev),
+            batch.labels.to(dev),
+        )
+        summed = forward_loss_sum(engine, batch)
+        # NOTE: DeepSpeed divides by gas and averages over ranks; scaling by gas*world/targets
+        # makes the update the gradient of (sum over the global batch) / (global target count).
+        engine.backward(summed * (gas * world / max(1, global_targets)))
+        if engine.is_gradient_accumulation_boundary() and t.zero_stage == 0:
+            grad_norm = _grad_norm(engine.module)  # DeepSpeed reports it only for bf16/ZeRO
+        engine.step()
+        loss_sum += float(summed.detach())
+        num_targets += batch.num_targets
+        num_tokens += batch.num_tokens
+    if grad_norm is None:
+        grad_norm = engine.get_global_grad_norm()
+    return loss_sum, num_targets, num_tokens, None if grad_norm is None else float(grad_norm)
+
+
+def _grad_norm(module: Any) -> float:
+    import torch
+
+    norms = [p.grad.detach().float().norm() for p in module.parameters() if p.grad is not None]
+    return float(torch.linalg.vector_norm(torch.stack(norms))) if norms else 0.0
+
+
+def _all_sum(values: list[float]) -> list[float]:
+    import torch
+    import torch.distributed as dist
+
+    t = torch.tensor(values, dtype=torch.float64)
+    if dist.get_world_size() > 1:
+        dist.all_reduce(t)
+    return t.tolist()
+
+
+def run(recipe: SftRecipe, out: Path) -> Path:
+    """Train (or resume) into `out`; returns the final HF folder."""
+    setup_process_env()
+    import deepspeed
+    import torch
+    import torch.distributed as dist
+
+    from rstar2cli.sft.progress import Reporter
+
+    deepspeed.utils.logger.setLevel("WARNING")
+    on_gpu = torch.cuda.is_available()
+    if not on_gpu and os.environ.get("WORLD_SIZE") == "1":
+        # NOTE: DeepSpeed JIT-builds a shared-memory all-reduce op for CPU ranks under a lock file
+        # in ~/.cache/torch_extensions; one rank has nothing to all-reduce, and a process killed
+        # while holding that lock would hang every later run, so one CPU rank skips it.
+        deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
+    deepspeed.init_distributed(dist_backend="nccl" if on_gpu else "gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    if on_gpu:
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    check_world_size(recipe, world)
+    bf16 = recipe.train.precision == "bf16" or (recipe.train.precision == "auto" and on_gpu)
+    model_path = _model_path(recipe, out, rank)
+    tok = _load_tokenizer(model_path)
+    examples = _load_data(recipe, tok, out, rank)
+    num_steps = total_steps(recipe, len(examples))
+    engine = _build_engine(recipe, model_path, num_steps, world, bf16)
+    ckpt_dir = out / "checkpoints"
+    start = _resume(engine, ckpt_dir)
+    reporter = Reporter(out, recipe, start, num_steps, len(examples), enabled=rank == 0)
+    with reporter:
+        for step in range(start, num_steps):
+            began = time.perf_counter()
+            idx = batch_indices(
+                step, len(examples), recipe.train.global_batch_size, recipe.train.seed
+            )
+            lr = engine.get_lr()[0]  # NOTE: read before the step; the scheduler advances in it
+            *local, grad_norm = _train_step(
+                engine, examples, idx, recipe, tok.pad_token_id, rank, world
+            )
+            loss_sum, num_targets, num_tokens = _all_sum(local)
+            reporter.step(
+                step + 1,
+                loss_sum / max(1.0, num_targets),
+                lr,
+                grad_norm,
+                int(num_tokens),
+                time.perf_counter() - began,
+            )
+            if (step + 1) % recipe.checkpoint.every_steps == 0 or step + 1 == num_steps:
+                _save(engine, ckpt_dir, step + 1, recipe.checkpoint.keep_last, rank)
+    final = save_final(engine, tok, out, recipe, rank)
+    dist.barrier()
+    return final
