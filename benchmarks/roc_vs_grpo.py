@@ -1,0 +1,127 @@
+"""GRPO-RoC vs plain GRPO on the tiny default: a miniature of rStar2-Agent's Figure 4.
+
+Runs `rstar2 rl-stage` twice from the same SFT'd tiny model with the same seed and steps:
+- GRPO-RoC: recipes/tiny/rl.yaml as is (2G = 8 rollouts per problem, RoC down-samples to G = 4);
+- plain GRPO: RoC off, G = 4 rollouts per problem, every one trained on (the paper's baseline).
+Then it plots, per step, the tool-error share inside correct trajectories (the paper's Figure 4),
+the reward and the held-out accuracy of both runs into OUT/roc_vs_grpo.png, and prints a table.
+
+Run (from the repository root, after `rstar2 sft-coldstart --recipe recipes/tiny/sft.yaml --out
+runs/tiny-sft`):
+    python benchmarks/roc_vs_grpo.py --model runs/tiny-sft/final --out runs/roc_vs_grpo
+Each run resumes if interrupted (rerun the same command). Extra `--set` values go to both runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+RUNS = {
+    "GRPO-RoC": [],
+    "GRPO": ["roc.enabled=false", "rollout.num_samples_per_prompt=4"],
+}
+
+
+def run_stage(name: str, model: str, out: Path, steps: int, seed: int, extra: list[str]) -> list[dict]:
+    sets = [*RUNS[name], f"train.num_steps={steps}", f"train.seed={seed}", *extra]
+    cmd = [sys.executable, "-m", "rstar2cli.cli", "rl-stage", "--recipe", str(REPO / "recipes/tiny/rl.yaml"),
+           "--out", str(out), "--init-from", model]
+    for s in sets:
+        cmd += ["--set", s]
+    print(f"== {name}: {' '.join(cmd)}", flush=True)
+    subprocess.run(cmd, check=True, cwd=REPO)
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
+
+
+def mean(values: list[float]) -> float | None:
+    values = [v for v in values if v is not None]
+    return sum(values) / len(values) if values else None
+
+
+def summarise(rows: list[dict]) -> dict[str, float | None]:
+    steps = [r for r in rows if "reward" in r]
+    half = len(steps) // 2
+    evals = [r["eval_accuracy"] for r in rows if r.get("eval_accuracy") is not None]
+    return {
+        "err_first_half": mean([r.get("tool_error_share_correct") for r in steps[:half]]),
+        "err_second_half": mean([r.get("tool_error_share_correct") for r in steps[half:]]),
+        "err_all": mean([r.get("tool_error_share_correct") for r in steps]),
+        "reward_first": mean([r["reward"] for r in steps[:3]]),
+        "reward_last": mean([r["reward"] for r in steps[-3:]]),
+        "eval_start": evals[0] if evals else None,
+        "eval_end": evals[-1] if evals else None,
+        "len_last": mean([r["response_tokens"] for r in steps[-3:]]),
+    }
+
+
+def plot(results: dict[str, list[dict]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = [("tool_error_share_correct", "tool-error share in correct trajectories"),
+              ("reward", "reward (training rollouts)"), ("eval_accuracy", "held-out accuracy")]
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
+    for ax, (key, title) in zip(axes, panels, strict=False):
+        for name, rows in results.items():
+            pts = [(r["step"], r[key]) for r in rows if r.get(key) is not None]
+            if pts:
+                xs, ys = zip(*pts, strict=False)
+                ax.plot(xs, ys, marker="o", markersize=3, label=name)
+        ax.set_title(title, fontsize=10)
+        ax.set_xlabel("RL step")
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.suptitle("GRPO-RoC vs GRPO on the tiny default (miniature of rStar2-Agent Figure 4)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def fmt(value: float | None, pct: bool = False) -> str:
+    if value is None:
+        return "-"
+    return f"{value:.1%}" if pct else f"{value:.3f}"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default=str(REPO / "runs/tiny-sft/final"), help="SFT'd tiny model folder")
+    ap.add_argument("--out", default=str(REPO / "runs/roc_vs_grpo"), help="folder for both runs and the PNG")
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--set", dest="sets", action="append", default=[], help="extra recipe override for both")
+    args = ap.parse_args()
+    out = Path(args.out)
+    results = {
+        name: run_stage(name, args.model, out / name.lower().replace("-", "_"), args.steps, args.seed, args.sets)
+        for name in RUNS
+    }
+    png = out / "roc_vs_grpo.png"
+    plot(results, png)
+    summary = {name: summarise(rows) for name, rows in results.items()}
+    cols = ["err in correct (1st half)", "(2nd half)", "(all steps)", "reward first3", "reward last3",
+            "held-out acc start", "end", "resp len last3"]
+    keys = ["err_first_half", "err_second_half", "err_all", "reward_first", "reward_last",
+            "eval_start", "eval_end", "len_last"]
+    pct = {"err_first_half", "err_second_half", "err_all"}
+    print(f"\n{'run':<10}" + "".join(f"{c:>27}" if i == 0 else f"{c:>16}" for i, c in enumerate(cols)))
+    for name, s in summary.items():
+        print(f"{name:<10}" + "".join(
+            f"{fmt(s[k], k in pct):>27}" if i == 0 else f"{fmt(s[k], k in pct):>16}" for i, k in enumerate(keys)))
+    roc, grpo = summary["GRPO-RoC"]["err_all"], summary["GRPO"]["err_all"]
+    if roc is not None and grpo is not None:
+        print(f"\ntool-error share inside correct trajectories, mean over steps: GRPO {grpo:.1%} vs "
+              f"GRPO-RoC {roc:.1%} (ratio {grpo / roc if roc else float('inf'):.2f})")
+    print(f"plot: {png}")
+    (out / "summary.json").write_text(json.dumps(summary, indent=2))
+
+
+if __name__ == "__main__":
+    main()

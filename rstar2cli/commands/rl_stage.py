@@ -1,0 +1,106 @@
+"""`rstar2 rl-stage`: one RL stage of GRPO-RoC from a recipe, resumable.
+
+Loads and validates the recipe (every problem listed at once, before any work), applies the
+options that say *where* (`--init-from`, `--sandbox`, `--ray-address`, `--out`), writes the
+resolved recipe to OUT/recipe.yaml and hands over to `rstar2cli.rl.stage.run_stage`. Rerunning
+the same command on the same OUT resumes from the newest checkpoint; a different recipe for an
+existing OUT is refused.
+
+`--init-from` takes an HF model folder (weights only; e.g. sft-coldstart's final/) or a previous
+rl-stage OUT (its final/ weights, plus its optimizer state unless `--reset-optimizer`, which is
+how stage 3 starts). Heavy imports happen inside the function.
+Tested in tests/integration/test_rl_stage.py and tests/unit/test_rl_recipe.py.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from rstar2cli.errors import UserError
+
+
+def rl_stage(
+    recipe: Path = typer.Option(..., "--recipe", help="RL recipe YAML (e.g. recipes/tiny/rl.yaml)."),
+    sets: list[str] | None = typer.Option(
+        None, "--set", metavar="KEY=VALUE", help="Override a recipe value, e.g. train.num_steps=5. Repeatable."
+    ),
+    out: Path = typer.Option(..., "--out", help="Run folder: recipe, checkpoints, metrics, plots, final/ model."),
+    init_from: Path | None = typer.Option(
+        None, "--init-from", metavar="CKPT",
+        help="Start from this HF folder, or a previous rl-stage OUT (weights + optimizer state).",
+    ),
+    reset_optimizer: bool = typer.Option(
+        False, "--reset-optimizer", help="With --init-from a previous stage: fresh optimizer (stage 3)."
+    ),
+    sandbox: list[str] | None = typer.Option(
+        None, "--sandbox", metavar="URL", help="sandboxd URL (repeatable); overrides the recipe's."
+    ),
+    ray_address: str | None = typer.Option(
+        None, "--ray-address", help="Place engines and trainer ranks with Ray: 'local' or a cluster address."
+    ),
+) -> None:
+    """Train one GRPO-RoC stage: rollout 2G -> grade -> RoC to G -> PPO-clip update -> push weights."""
+    import yaml
+    from rich.console import Console
+
+    from rstar2cli.recipe import dump_recipe, load_recipe
+    from rstar2cli.rl.recipe import RlRecipe
+
+    console = Console(highlight=False, stderr=True)
+    resolved = load_recipe(recipe, RlRecipe, list(sets or []))
+    init_checkpoint = None
+    if init_from is not None:
+        resolved.model, init_checkpoint = _resolve_init(init_from, reset_optimizer)
+    elif reset_optimizer:
+        raise UserError("--reset-optimizer needs --init-from (a previous rl-stage OUT)")
+    if sandbox:
+        resolved.sandbox.urls = list(sandbox)
+    _check_inputs(resolved)
+    recipe_path = out / "recipe.yaml"
+    now = resolved.model_dump(mode="json")
+    if recipe_path.exists():
+        before = yaml.safe_load(recipe_path.read_text(encoding="utf-8"))
+        changed = sorted(k for k in set(before) | set(now) if before.get(k) != now.get(k))
+        if changed:
+            raise UserError(
+                f"{out} holds a run with a different recipe (sections differing: {', '.join(changed)}); "
+                "rerun with the same recipe and options to resume, or pick a new --out"
+            )
+    if (out / "final" / "config.json").exists():
+        console.print(f"rl-stage: {out} is already finished; model in {out / 'final'}")
+        return
+    dump_recipe(resolved, recipe_path)
+    from rstar2cli.rl.stage import StageOptions, run_stage
+
+    opts = StageOptions(out=out, ray_address=ray_address, init_checkpoint=init_checkpoint,
+                        reset_optimizer=reset_optimizer)
+    final = run_stage(resolved, opts)
+    console.print(f"rl-stage: done; model in {final} (metrics: {out / 'metrics.jsonl'}, plots: {out / 'curves.png'})")
+
+
+def _resolve_init(init_from: Path, reset_optimizer: bool) -> tuple[str, Path | None]:
+    """(HF folder the model is built from, checkpoint folder to load state from or None)."""
+    if (init_from / "config.json").is_file():
+        if reset_optimizer:
+            raise UserError(
+                f"{init_from} is a model folder (no optimizer state); --reset-optimizer applies to a "
+                "previous rl-stage OUT"
+            )
+        return str(init_from), None
+    final, ckpts = init_from / "final", init_from / "checkpoints"
+    if (final / "config.json").is_file() and (ckpts / "latest").is_file():
+        return str(final), ckpts
+    raise UserError(
+        f"--init-from {init_from}: expected a HF model folder (config.json) or a finished rl-stage "
+        "OUT (final/ and checkpoints/)"
+    )
+
+
+def _check_inputs(recipe: object) -> None:
+    missing = [p for p in (recipe.data.train, recipe.data.eval) if p is not None and not Path(p).is_file()]
+    if missing:
+        raise UserError(f"data file(s) not found: {', '.join(missing)}")
+    if not (Path(recipe.model) / "config.json").is_file():
+        raise UserError(f"model folder not found (no config.json): {recipe.model}")

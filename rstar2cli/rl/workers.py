@@ -1,0 +1,185 @@
+"""Where the trainer ranks live: in this process (one rank) or as Ray actors (several ranks).
+
+Both groups have the same small surface the stage loop uses: `world`, `update(plans, tokens)`,
+`named_weights()`, `save_checkpoint`, `load_checkpoint`, `save_hf`, `close`. Every call that is a
+collective under DeepSpeed (update, save, load) goes to all ranks at once.
+
+- `LocalTrainers`: one `PolicyTrainer` in the driver process; torch.distributed with world size 1
+  (gloo on CPU, nccl on GPU), no launcher (`setup_process_env`).
+- `RayTrainers`: `num_ranks` actors, each one rank of a torch.distributed group whose rendezvous
+  is rank 0's node; gloo on CPU, nccl when the actors have GPUs. Placed by Ray (local instance by
+  default, a cluster with `ray_address`). Rank 0 returns the weights for the engines.
+
+What it does not do: decide what to train on (the driver builds the plans) or restart dead actors.
+Tested in tests/integration/test_rl_stage.py: local, and
+(two engine actors + two trainer ranks over gloo).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from rstar2cli.rl.recipe import RlTrainConfig
+from rstar2cli.rl.trainer import PolicyTrainer, UpdateSums
+
+
+def init_distributed() -> None:
+    """torch.distributed for this process from RANK/WORLD_SIZE/MASTER_* (set up if missing)."""
+    from rstar2cli.sft.train import setup_process_env
+
+    setup_process_env()
+    import deepspeed
+    import torch
+
+    deepspeed.utils.logger.setLevel("WARNING")
+    deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() else "gloo")
+
+
+class LocalTrainers:
+    world = 1
+
+    def __init__(self, model_path: str, cfg: RlTrainConfig, gas: int):
+        init_distributed()
+        self.trainer = PolicyTrainer(model_path, cfg, gas, rank=0, world=1)
+
+    def update(self, plans: list[Any], tokens: list[int]) -> list[UpdateSums]:
+        return [self.trainer.update(plans[0], tokens)]
+
+    def named_weights(self) -> dict[str, Any]:
+        return self.trainer.named_weights()
+
+    def save_checkpoint(self, ckpt_dir: Path, step: int, client_state: dict[str, Any]) -> None:
+        self.trainer.save_checkpoint(ckpt_dir, step, client_state)
+
+    def load_checkpoint(self, ckpt_dir: Path, module_only: bool = False,
+                        with_scheduler: bool = True) -> dict[str, Any] | None:
+        return self.trainer.load_checkpoint(ckpt_dir, module_only, with_scheduler)
+
+    def save_hf(self, out_dir: Path) -> None:
+        self.trainer.save_hf(out_dir)
+
+    def close(self) -> None:
+        pass
+
+
+class TrainerActor:
+    """One rank in its own process (a Ray actor)."""
+
+    def __init__(self, rank: int, world: int, num_threads: int):
+        import torch
+
+        torch.set_num_threads(num_threads)
+        self.rank, self.world = rank, world
+        self.trainer: PolicyTrainer | None = None
+
+    def rendezvous(self) -> tuple[str, int]:
+        """This node's address and a free port on it (rank 0 hosts the process group)."""
+        import socket
+
+        import ray
+
+        with socket.socket() as s:
+            s.bind(("", 0))
+            port = int(s.getsockname()[1])
+        return ray.util.get_node_ip_address(), port
+
+    def build(self, model_path: str, cfg: RlTrainConfig, gas: int, master_addr: str, master_port: int) -> None:
+        os.environ.update(
+            RANK=str(self.rank), WORLD_SIZE=str(self.world), LOCAL_RANK="0",
+            MASTER_ADDR=master_addr, MASTER_PORT=str(master_port),
+        )
+        init_distributed()
+        self.trainer = PolicyTrainer(model_path, cfg, gas, rank=self.rank, world=self.world)
+
+    def update(self, plan: Any, tokens: list[int]) -> UpdateSums:
+        return self.trainer.update(plan, tokens)
+
+    def named_weights(self) -> dict[str, Any]:
+        return self.trainer.named_weights()
+
+    def save_checkpoint(self, ckpt_dir: str, step: int, client_state: dict[str, Any]) -> None:
+        self.trainer.save_checkpoint(Path(ckpt_dir), step, client_state)
+
+    def load_checkpoint(self, ckpt_dir: str, module_only: bool, with_scheduler: bool) -> Any:
+        return self.trainer.load_checkpoint(Path(ckpt_dir), module_only, with_scheduler)
+
+    def save_hf(self, out_dir: str) -> None:
+        self.trainer.save_hf(Path(out_dir))
+
+
+class RayTrainers:
+    def __init__(self, model_path: str, cfg: RlTrainConfig, gas: int, num_ranks: int,
+                 ray_address: str | None, num_cpus_per_rank: float = 1.0):
+        import ray
+
+        if not ray.is_initialized():
+            ray.init(address=None if ray_address in (None, "local") else ray_address)
+        has_gpus = ray.cluster_resources().get("GPU", 0) > 0
+        options = {"num_gpus": 1} if has_gpus else {"num_cpus": num_cpus_per_rank}
+        options["runtime_env"] = {"env_vars": {"DS_ACCELERATOR": "cuda" if has_gpus else "cpu"}}
+        actor_cls = ray.remote(TrainerActor)
+        threads = max(1, int(num_cpus_per_rank))
+        self.actors = [actor_cls.options(**options).remote(r, num_ranks, threads) for r in range(num_ranks)]
+        self.world = num_ranks
+        addr, port = ray.get(self.actors[0].rendezvous.remote())
+        ray.get([a.build.remote(model_path, cfg, gas, addr, port) for a in self.actors])
+
+    def update(self, plans: list[Any], tokens: list[int]) -> list[UpdateSums]:
+        import ray
+
+        return ray.get([a.update.remote(p, tokens) for a, p in zip(self.actors, plans, strict=False)])
+
+    def named_weights(self) -> dict[str, Any]:
+        import ray
+
+        return ray.get(self.actors[0].named_weights.remote())
+
+    def save_checkpoint(self, ckpt_dir: Path, step: int, client_state: dict[str, Any]) -> None:
+        import ray
+
+        ray.get([a.save_checkpoint.remote(str(ckpt_dir), step, client_state) for a in self.actors])
+
+    def load_checkpoint(self, ckpt_dir: Path, module_only: bool = False,
+                        with_scheduler: bool = True) -> dict[str, Any] | None:
+        import ray
+
+        out = ray.get([a.load_checkpoint.remote(str(ckpt_dir), module_only, with_scheduler)
+                       for a in self.actors])
+        return out[0]
+
+    def save_hf(self, out_dir: Path) -> None:
+        import ray
+
+        ray.get([a.save_hf.remote(str(out_dir)) for a in self.actors])
+
+    def close(self) -> None:
+        import ray
+
+        for actor in self.actors:
+            ray.kill(actor)
+
+
+def init_ray(address: str | None, num_actors: int) -> None:
+    """Join the cluster at `address`, or start a local instance with logical CPUs for every actor.
+
+    NOTE: locally, Ray's CPU count is a scheduling label, not a reservation; a 2-core box must
+    still be able to place two engine actors and two trainer ranks, so the local instance
+    advertises at least one CPU per actor.
+    """
+    import ray
+
+    if ray.is_initialized():
+        return
+    if address not in (None, "local"):
+        ray.init(address=address)
+        return
+    ray.init(num_cpus=max(os.cpu_count() or 1, num_actors), include_dashboard=False)
+
+
+def make_trainers(model_path: str, cfg: RlTrainConfig, gas: int, ray_address: str | None) -> Any:
+    """Local when one rank and no Ray address; Ray actors otherwise."""
+    if cfg.num_trainer_ranks == 1 and ray_address is None:
+        return LocalTrainers(model_path, cfg, gas)
+    return RayTrainers(model_path, cfg, gas, cfg.num_trainer_ranks, ray_address)

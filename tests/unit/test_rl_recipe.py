@@ -1,0 +1,107 @@
+"""Every RL recipe validates; a bad one lists every problem at once (field and cross-field)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from rstar2cli.errors import UserError
+from rstar2cli.recipe import load_recipe
+from rstar2cli.rl.recipe import RlRecipe, kept_per_problem
+
+REPO = Path(__file__).resolve().parents[2]
+RL_RECIPES = ["recipes/stage1_8k.yaml", "recipes/stage2_12k.yaml", "recipes/stage3_12k_hard.yaml",
+              "recipes/tiny/rl.yaml"]
+
+
+@pytest.mark.parametrize("name", RL_RECIPES)
+def test_every_rl_recipe_validates_and_opens_with_a_header(name):
+    path = REPO / name
+    recipe = load_recipe(path, RlRecipe)
+    text = path.read_text(encoding="utf-8")
+    assert text.startswith("# ")  # what it reproduces, how to run it, where the numbers come from
+    assert "rstar2 rl-stage --recipe " + name in text.split("\nmodel:")[0]
+    # GRPO-RoC shape: 2G sampled, G kept, asymmetric clip, no KL by default.
+    assert recipe.roc.enabled
+    assert recipe.rollout.num_samples_per_prompt == 2 * recipe.roc.group_size
+    assert (recipe.train.eps_low, recipe.train.eps_high) == (0.2, 0.28)
+    assert recipe.train.kl_coef == 0.0 and recipe.train.entropy_coef == 0.0
+    assert recipe.reward.strict
+
+
+def test_paper_stage_values():
+    s1, s2, s3 = (load_recipe(REPO / n, RlRecipe) for n in RL_RECIPES[:3])
+    assert [s.train.num_steps for s in (s1, s2, s3)] == [300, 85, 125]
+    assert [s.rollout.max_response_tokens for s in (s1, s2, s3)] == [8192, 12288, 12288]
+    assert [s.rollout.max_turns for s in (s1, s2, s3)] == [10, 10, 15]
+    assert all(s.rollout.num_prompts_per_step == 512 and s.roc.group_size == 16 for s in (s1, s2, s3))
+    assert s1.train.lr == 1.0e-6 and s1.train.warmup_steps == 20
+    assert "hard" in s3.data.train and "--reset-optimizer" in (REPO / RL_RECIPES[2]).read_text()
+
+
+def _write(tmp_path: Path, data: dict) -> Path:
+    path = tmp_path / "r.yaml"
+    path.write_text(yaml.safe_dump(data), encoding="utf-8")
+    return path
+
+
+def _tiny() -> dict:
+    return yaml.safe_load((REPO / "recipes/tiny/rl.yaml").read_text())
+
+
+def test_bad_recipe_lists_every_problem_at_once(tmp_path):
+    data = _tiny()
+    data["roc"]["mode"] = "greedy"  # not a mode
+    data["train"]["lr"] = -1.0  # out of bounds
+    data["train"]["warmup"] = 3  # unknown key
+    data["eval"]["every_steps"] = 2
+    data["data"]["eval"] = None  # eval on without a held-out file: cross-section (eval vs data)
+    data["rollout"]["kv_cache_tokens"] = 100  # section check: one trajectory does not fit
+    with pytest.raises(UserError) as exc:
+        load_recipe(_write(tmp_path, data), RlRecipe)
+    msg = str(exc.value)
+    assert "5 problem(s)" in msg, msg
+    for needle in ("roc.mode", "train.lr", "train.warmup", "needs data.eval", "cannot hold one trajectory"):
+        assert needle in msg, (needle, msg)
+
+
+def test_cross_section_checks_are_listed_together(tmp_path):
+    data = _tiny()
+    data["train"]["num_mini_batches"] = 10_000  # more optimizer steps than trajectories
+    data["eval"]["every_steps"] = 2
+    data["data"]["eval"] = None
+    data["checkpoint"]["keep_last"] = 0  # plain bound, in another section
+    with pytest.raises(UserError) as exc:
+        load_recipe(_write(tmp_path, data), RlRecipe)
+    msg = str(exc.value)
+    assert "3 problem(s)" in msg, msg
+    assert "needs data.eval" in msg
+    assert "num_mini_batches (10000) exceeds the most rollouts a step can train on (32)" in msg
+    assert "checkpoint.keep_last" in msg
+
+
+def test_roc_must_sample_what_it_keeps(tmp_path):
+    data = _tiny()
+    data["rollout"]["num_samples_per_prompt"] = 2  # RoC keeps 4 of 2
+    with pytest.raises(UserError, match="sample at least as many as it keeps"):
+        load_recipe(_write(tmp_path, data), RlRecipe)
+    data["roc"]["enabled"] = False  # plain GRPO trains on all 2: fine
+    assert load_recipe(_write(tmp_path, data), RlRecipe).rollout.num_samples_per_prompt == 2
+
+
+def test_roc_minimums_must_fit_the_group(tmp_path):
+    data = _tiny()
+    data["roc"]["min_positive"] = 3
+    data["roc"]["min_negative"] = 3
+    with pytest.raises(UserError, match=r"min_positive \+ min_negative \(3 \+ 3\) exceeds group_size \(4\)"):
+        load_recipe(_write(tmp_path, data), RlRecipe)
+
+
+def test_plain_grpo_keeps_every_sample():
+    grpo = load_recipe(REPO / "recipes/tiny/rl.yaml", RlRecipe,
+                       ["roc.enabled=false", "rollout.num_samples_per_prompt=4"])
+    assert kept_per_problem(grpo.rollout, grpo.roc) == 4
+    roc = load_recipe(REPO / "recipes/tiny/rl.yaml", RlRecipe)
+    assert kept_per_problem(roc.rollout, roc.roc) == roc.roc.group_size == 4
