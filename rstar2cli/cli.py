@@ -15,6 +15,16 @@ from typing import NoReturn
 import typer
 
 from rstar2cli import __version__
+from rstar2cli.commands import eval as eval_command
+from rstar2cli.commands import (
+    filter_hard,
+    prepare_data,
+    quickstart,
+    rl_stage,
+    rollout,
+    serve_sandbox,
+    sft_coldstart,
+)
 
 app = typer.Typer(
     name="rstar2",
@@ -45,10 +55,16 @@ def _root(
     """rstar2: prepare data, cold-start SFT, serve the sandbox, roll out, train GRPO-RoC, evaluate."""
 
 
-# The command table. Keep one line per command; each module holds exactly one function.
-from rstar2cli.commands import prepare_data  # noqa: E402
-
+# The command table, in pipeline order. Each module holds exactly one function and imports
+# nothing heavy at top level.
 app.command("prepare-data")(prepare_data.prepare_data)
+app.command("sft-coldstart")(sft_coldstart.sft_coldstart)
+app.command("serve-sandbox")(serve_sandbox.serve_sandbox)
+app.command("rollout")(rollout.rollout)
+app.command("rl-stage")(rl_stage.rl_stage)
+app.command("filter-hard")(filter_hard.filter_hard)
+app.command("eval")(eval_command.eval_cmd)
+app.command("quickstart")(quickstart.quickstart)
 
 
 def main(argv: list[str] | None = None) -> NoReturn:

@@ -72,7 +72,11 @@ def build_tokenizer(seed: int = 0) -> Any:
     from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    # NOTE: digits are single tokens, so copying a number (question -> code, tool output ->
+    # \boxed{}) is a fixed-offset lookup a two-layer model learns quickly.
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False)]
+    )
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=VOCAB_SIZE,
