@@ -2,7 +2,8 @@
 
 Kept free of torch/deepspeed imports at module level. `rng_state` covers python, numpy and torch
 CPU (plus CUDA when present), which is what an exact resume on CPU needs; the model, optimizer and
-LR schedule are saved by DeepSpeed itself. Exercised by tests/integration/test_rl_stage.py.
+LR schedule are saved by DeepSpeed itself. Used by the SFT and RL trainers; exercised by
+tests/integration/test_sft_resume.py and tests/integration/test_rl_stage.py.
 """
 
 from __future__ import annotations

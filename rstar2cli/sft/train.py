@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import math
 import os
-import random
 import shutil
 import socket
 import time
@@ -31,6 +30,7 @@ from typing import Any
 from rstar2cli import protocol as P
 from rstar2cli.errors import UserError
 from rstar2cli.sft.recipe import SftRecipe, check_world_size, gradient_accumulation_steps
+from rstar2cli.train_utils import prune_checkpoints, rng_state, set_rng_state
 
 
 def setup_process_env() -> None:
@@ -170,26 +170,6 @@ def _build_engine(recipe: SftRecipe, model_path: str, num_steps: int, world: int
 # Checkpoints
 
 
-def _rng_state() -> dict[str, Any]:
-    import numpy as np
-    import torch
-
-    return {
-        "python": random.getstate(),
-        "numpy": np.random.get_state(),
-        "torch": torch.get_rng_state(),
-    }
-
-
-def _set_rng_state(state: dict[str, Any]) -> None:
-    import numpy as np
-    import torch
-
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
-    torch.set_rng_state(state["torch"])
-
-
 def _resume(engine: Any, ckpt_dir: Path) -> int:
     """Load the newest checkpoint if there is one; returns the number of steps already done."""
     if not (ckpt_dir / "latest").exists():
@@ -197,20 +177,16 @@ def _resume(engine: Any, ckpt_dir: Path) -> int:
     _, client = engine.load_checkpoint(str(ckpt_dir))
     if client is None:
         raise UserError(f"cannot load the checkpoint in {ckpt_dir}")
-    _set_rng_state(client["rng"])
+    set_rng_state(client["rng"])
     return int(client["step"])
 
 
 def _save(engine: Any, ckpt_dir: Path, step: int, keep_last: int, rank: int) -> None:
     engine.save_checkpoint(
-        str(ckpt_dir), tag=f"step{step}", client_state={"step": step, "rng": _rng_state()}
+        str(ckpt_dir), tag=f"step{step}", client_state={"step": step, "rng": rng_state()}
     )
     if rank == 0:
-        tags = sorted(
-            (p for p in ckpt_dir.glob("step*") if p.is_dir()), key=lambda p: int(p.name[4:])
-        )
-        for old in tags[:-keep_last]:
-            shutil.rmtree(old, ignore_errors=True)
+        prune_checkpoints(ckpt_dir, keep_last)
 
 
 def save_final(engine: Any, tok: Any, out: Path, recipe: SftRecipe, rank: int) -> Path:
