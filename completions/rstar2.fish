@@ -96,6 +96,7 @@ complete -c rstar2 -n '__fish_seen_subcommand_from eval' -l max-in-flight -d 'Wi
 complete -c rstar2 -n '__fish_seen_subcommand_from eval' -l seed -d 'Sampling seed (per sample and turn)' -r -F
 complete -c rstar2 -n '__fish_seen_subcommand_from eval' -l out -d 'Output folder (results.jsonl, summary.json, eval.png); OUT.jsonl with ' -r -F
 complete -c rstar2 -n '__fish_seen_subcommand_from eval' -l label -d 'Name of this checkpoint in the results (default the model folder name' -r -F
+complete -c rstar2 -n '__fish_seen_subcommand_from eval' -l limit -d 'Evaluate only the first N problems of each benchmark' -r -F
 complete -c rstar2 -n '__fish_seen_subcommand_from eval' -l grade-only -d 'Grade existing responses (fields response, answer) into --out OUT.json' -r -F
 complete -c rstar2 -n '__fish_seen_subcommand_from eval' -l help -d 'Show help and exit'
 complete -c rstar2 -n '__fish_seen_subcommand_from quickstart' -l out -d 'Folder for every stages output, summary.json and pipeline.sh' -r -F

@@ -38,6 +38,7 @@ class QuickstartSettings:
     recipes_dir: Path
     num_problems: int = 2000  # train + held-out test (80/20), as the tiny recipes were tuned on
     seed: int = 0
+    eval_problems: int = 100  # the first N of the held-out split
     eval_samples: int = 4
     eval_temperature: float = 0.6
     eval_max_turns: int = 3
@@ -53,7 +54,8 @@ def plan_steps(out: Path, s: QuickstartSettings) -> list[Step]:
     def eval_step(label: str, model: Path) -> Step:
         argv = [
             "eval", "--model", str(model), "--data", str(test), "--sandbox", SANDBOX_URL_VAR,
-            "--n", str(s.eval_samples), "--temperature", str(s.eval_temperature),
+            "--limit", str(s.eval_problems), "--n", str(s.eval_samples),
+            "--temperature", str(s.eval_temperature),
             "--max-turns", str(s.eval_max_turns),
             "--max-response-tokens", str(s.eval_max_response_tokens),
             "--seed", str(s.seed), "--out", str(eval_dir), "--label", label,

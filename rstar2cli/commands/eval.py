@@ -104,6 +104,9 @@ def eval_cmd(
         "--label",
         help="Name of this checkpoint in the results (default: the model folder name).",
     ),
+    limit: int | None = typer.Option(
+        None, "--limit", min=1, help="Evaluate only the first N problems of each benchmark."
+    ),
     grade_only: Path | None = typer.Option(
         None,
         "--grade-only",
@@ -135,6 +138,9 @@ def eval_cmd(
         ks,
         n,
     )
+    if limit is not None:
+        for bench in plan.benchmarks:
+            bench.problems = bench.problems[:limit]
     from rstar2cli.agent.loop import AgentConfig
     from rstar2cli.scheduler.scheduler import SchedulerConfig
 
