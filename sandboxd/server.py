@@ -242,6 +242,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--preload", default=None, help="comma-separated modules to import in the zygote"
     )
+    p.add_argument(
+        "--exit-with-parent",
+        type=int,
+        default=None,
+        metavar="PID",
+        help="drain and exit when process PID (the parent that started the daemon) dies",
+    )
     return p.parse_args(argv)
 
 
@@ -271,6 +278,15 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(
             "sandboxd: 1 <= --workers <= 256, --timeout-s > 0, --memory-mb >= 16, --max-output-bytes >= 1"
         )
+    if args.exit_with_parent is not None:
+        # NOTE: a parent killed by SIGTERM/SIGKILL never runs its cleanup; the kernel's
+        # parent-death signal turns that into our own graceful SIGTERM drain. Checked after
+        # arming it, in case the parent died first.
+        from sandboxd.isolation import set_parent_death_signal
+
+        set_parent_death_signal(signal.SIGTERM)
+        if os.getppid() != args.exit_with_parent:
+            sys.exit("sandboxd: the parent that started this daemon is gone")
     asyncio.run(serve(config_from_args(args), args.host, args.port))
 
 
@@ -335,6 +351,8 @@ def spawn_daemon(
         str(memory_mb),
         "--max-output-bytes",
         str(max_output_bytes),
+        "--exit-with-parent",
+        str(os.getpid()),
         *extra_args,
     ]
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

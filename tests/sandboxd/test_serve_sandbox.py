@@ -65,3 +65,44 @@ def test_serve_sandbox_serves_and_stops_cleanly():
         if proc.poll() is None:
             proc.kill()
         proc.stdout.close()
+
+
+def test_daemon_exits_when_the_process_that_spawned_it_is_killed():
+    # A parent killed with SIGKILL runs no cleanup; the daemon must not be left behind.
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    code = (
+        "import sys, time; from sandboxd.server import spawn_daemon; "
+        "h = spawn_daemon(workers=1); print(h.process.pid, flush=True); time.sleep(600)"
+    )
+    parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        daemon_pid = int(parent.stdout.readline())
+        os.kill(parent.pid, signal.SIGKILL)
+        parent.wait(timeout=30)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                os.kill(daemon_pid, 0)
+            except ProcessLookupError:
+                break
+            # reparented to init (or a subreaper): reap it if it is ours to reap
+            try:
+                os.waitpid(daemon_pid, os.WNOHANG)
+            except ChildProcessError:
+                pass
+            with open(f"/proc/{daemon_pid}/stat") as f:
+                if f.read().split()[2] == "Z":
+                    break
+            time.sleep(0.2)
+        else:
+            os.kill(daemon_pid, signal.SIGKILL)
+            raise AssertionError("the daemon outlived the process that spawned it")
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+        parent.stdout.close()
