@@ -35,8 +35,9 @@ def load_problems(
         if max_problems is not None and len(problems) >= max_problems:
             break
     if not problems:
-        need = "'question' and 'answer'" if require_answer else "a non-empty 'question'"
-        raise UserError(f"no problems in {path} (expected rows with {need})")
+        if require_answer:
+            raise UserError(f"no problems in {path} (expected rows with 'question' and 'answer')")
+        raise UserError(f"no questions in {path} (expected rows with a non-empty 'question' field)")
     return problems
 
 
