@@ -106,7 +106,7 @@ def shell_script(steps: list[Step], port: int = 8765) -> str:
 
 
 def label_summary(rows: Iterable[dict[str, Any]]) -> dict[str, Any]:
-    """Accuracy, tool calls per problem, tool-error share inside correct trajectories, length."""
+    """Accuracy, tool calls per trajectory, tool-error share inside correct trajectories, length."""
     rows = list(rows)
     if not rows:
         return {"accuracy": None, "tool_error_share": None, "trajectories": 0}
@@ -116,7 +116,7 @@ def label_summary(rows: Iterable[dict[str, Any]]) -> dict[str, Any]:
         "accuracy": sum(1 for r in rows if r["correct"]) / len(rows),
         # NOTE: errored tool calls / tool calls, pooled over correct trajectories (paper Fig. 4).
         "tool_error_share": tool_error_share(summaries, positive_only=True),
-        "tool_calls_per_problem": sum(len(r.get("tool_calls", [])) for r in rows) / num_problems,
+        "tool_calls_per_trajectory": sum(len(r.get("tool_calls", [])) for r in rows) / len(rows),
         "mean_response_tokens": sum(len(r["response_ids"]) for r in rows) / len(rows),
         "trajectories": len(rows),
         "problems": num_problems,

@@ -58,7 +58,8 @@ def quickstart(
             if step.name.startswith("eval-"):
                 step.done_marker.touch()
 
-    rl_steps = len({r.get("step") for r in read_jsonl_if_exists(out / "rl" / "metrics.jsonl")} - {None})
+    # step 0 is the held-out eval before training; training steps are 1..N
+    rl_steps = max((int(r.get("step", 0)) for r in read_jsonl_if_exists(out / "rl" / "metrics.jsonl")), default=0)
     summary = pipeline.summarize(
         read_jsonl_if_exists(out / "eval" / "results.jsonl"), rl_steps, time.monotonic() - started
     )
@@ -96,7 +97,7 @@ def _print_table(console: object, summary: dict) -> None:
         table.add_column(col, justify="right" if col != "metric" else "left")
     sft, rl = summary["sft"], summary["rl"]
     table.add_row("accuracy (avg pass@1)", _fmt(sft["accuracy"]), _fmt(rl["accuracy"]))
-    table.add_row("tool calls / problem", _fmt(sft.get("tool_calls_per_problem"), False), _fmt(rl.get("tool_calls_per_problem"), False))
+    table.add_row("tool calls / trajectory", _fmt(sft.get("tool_calls_per_trajectory"), False), _fmt(rl.get("tool_calls_per_trajectory"), False))
     table.add_row("tool-error share in correct", _fmt(sft["tool_error_share"]), _fmt(rl["tool_error_share"]))
     table.add_row("mean response tokens", _fmt(sft.get("mean_response_tokens"), False), _fmt(rl.get("mean_response_tokens"), False))
     table.add_row("RL steps", "", str(rl["steps"]))

@@ -58,7 +58,7 @@ def test_summary_numbers():
     ]
     s = summarize(rows, rl_steps=3, seconds=12.34)
     assert s["sft"]["accuracy"] == 0.5 and s["sft"]["tool_error_share"] == 0.5
-    assert s["sft"]["tool_calls_per_problem"] == 1.5
+    assert s["sft"]["tool_calls_per_trajectory"] == 1.5
     assert s["rl"]["accuracy"] == 1.0 and s["rl"]["tool_error_share"] == 0.0
     assert s["rl"]["mean_response_tokens"] == 5 and s["rl"]["steps"] == 3
     assert s["seconds"] == 12.3
