@@ -50,3 +50,19 @@ def prune_checkpoints(ckpt_dir: Path, keep_last: int) -> None:
     """Delete all but the newest `keep_last` step<N> folders."""
     for old in step_tags(ckpt_dir)[:-keep_last]:
         shutil.rmtree(old, ignore_errors=True)
+
+
+def open_run_logs(out: Path, start_step: int, tensorboard: bool) -> tuple[Any, Any]:
+    """metrics.jsonl cut back to `start_step` (a resumed run rewrites what came after its
+    checkpoint) opened for appending, and a TensorBoard writer purging the same steps (or None)."""
+    from rstar2cli.fileio import JsonlAppender, read_jsonl_if_exists, write_jsonl_atomic
+
+    path = out / "metrics.jsonl"
+    kept = [r for r in read_jsonl_if_exists(path) if r.get("step", 0) <= start_step]
+    write_jsonl_atomic(path, kept)
+    writer = None
+    if tensorboard:
+        from torch.utils.tensorboard import SummaryWriter
+
+        writer = SummaryWriter(str(out / "tb"), purge_step=start_step + 1)
+    return JsonlAppender(path), writer

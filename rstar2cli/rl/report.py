@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from rstar2cli.errors import UserError
-from rstar2cli.fileio import JsonlAppender, read_jsonl_if_exists, write_jsonl_atomic
+from rstar2cli.fileio import JsonlAppender
+from rstar2cli.train_utils import open_run_logs
 
 SCALARS = (
     "reward", "pass_rate", "tool_error_share_correct", "format_penalty", "response_tokens",
@@ -49,14 +50,7 @@ class StageReporter:
         self._task: Any = None
 
     def __enter__(self) -> StageReporter:
-        path = self.out / "metrics.jsonl"
-        kept = [r for r in read_jsonl_if_exists(path) if r.get("step", 0) <= self.start_step]
-        write_jsonl_atomic(path, kept)
-        self._metrics = JsonlAppender(path)
-        if self.log_cfg.tensorboard:
-            from torch.utils.tensorboard import SummaryWriter
-
-            self._tb = SummaryWriter(str(self.out / "tb"), purge_step=self.start_step + 1)
+        self._metrics, self._tb = open_run_logs(self.out, self.start_step, self.log_cfg.tensorboard)
         if self.log_cfg.wandb_project:
             self._wandb = _start_wandb(self.log_cfg.wandb_project, self.run_name, self.recipe_dump, self.out)
         if self.live:

@@ -13,7 +13,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from rstar2cli.fileio import JsonlAppender, read_jsonl_if_exists, write_jsonl_atomic
+from rstar2cli.fileio import JsonlAppender
+from rstar2cli.train_utils import open_run_logs
 
 
 class Reporter:
@@ -36,14 +37,7 @@ class Reporter:
     def __enter__(self) -> Reporter:
         if not self.enabled:
             return self
-        path = self.out / "metrics.jsonl"
-        kept = [r for r in read_jsonl_if_exists(path) if r.get("step", 0) <= self.start_step]
-        write_jsonl_atomic(path, kept)
-        self._metrics = JsonlAppender(path)
-        if self.recipe.log.tensorboard:
-            from torch.utils.tensorboard import SummaryWriter
-
-            self._tb = SummaryWriter(str(self.out / "tb"), purge_step=self.start_step + 1)
+        self._metrics, self._tb = open_run_logs(self.out, self.start_step, self.recipe.log.tensorboard)
         self._start_bar()
         return self
 
