@@ -20,6 +20,11 @@ import pytest
 
 from rstar2cli.eval.benchmarks import BENCHMARKS, multiple_choice_row
 
+
+def _flat(text: str) -> str:
+    """Output with rich's line wrapping undone (it wraps at the terminal width)."""
+    return " ".join(text.split())
+
 RSTAR2 = [sys.executable, "-m", "rstar2cli.cli"]
 EVAL_DIR = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "eval"
 needs_eval = pytest.mark.skipif(
@@ -63,7 +68,7 @@ def test_grade_only_adds_correct_and_extracted_and_prints_accuracy(tmp_path):
     dst = tmp_path / "graded.jsonl"
     res = _cli("eval", "--grade-only", src, "--out", dst)
     assert res.returncode == 0, res.stderr
-    assert "accuracy 50.0% (2/4)" in res.stdout
+    assert "accuracy 50.0% (2/4)" in _flat(res.stdout)
     graded = [json.loads(line) for line in dst.read_text().splitlines()]
     assert [g["correct"] for g in graded] == [True, True, False, False]
     assert [g["extracted"] for g in graded] == ["18", "3.0", "70,001", None]
@@ -166,8 +171,8 @@ def test_finished_results_are_skipped_and_summarised_for_every_label(tmp_path):
         "eval", "--model", fake_model, "--data", data, "--out", out, "--n", 2, "--k", 1, "--k", 2
     )
     assert res.returncode == 0, res.stderr
-    assert "0 trajectories to run" in res.stdout
-    assert "temperature 0.6, max 30 turns, 30000 response tokens" in res.stdout  # says what it runs
+    assert "0 trajectories to run" in _flat(res.stdout)
+    assert "temperature 0.6, max 30 turns, 30000 response tokens" in _flat(res.stdout)  # says what it runs
     assert len((out / "results.jsonl").read_text().splitlines()) == 8  # nothing added
     summary = json.loads((out / "summary.json").read_text())["labels"]
     s1, s2 = summary["stage1"]["benchmarks"]["mini"], summary["stage2"]["benchmarks"]["mini"]
@@ -183,7 +188,7 @@ def test_finished_results_are_skipped_and_summarised_for_every_label(tmp_path):
     assert s1["finish_reasons"] == {"answer": 3, "budget": 1}
     assert summary["stage2"]["settings"]["temperature"] == 0.6  # this run's label
     assert (out / "eval.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert "75.0" in res.stdout and "25.0" in res.stdout  # the table shows both labels
+    assert "75.0" in _flat(res.stdout) and "25.0" in _flat(res.stdout)  # the table shows both labels
 
     # the same label with other sampling settings is refused, before any work
     again = _cli(

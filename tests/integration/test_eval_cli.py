@@ -25,6 +25,11 @@ from contextlib import contextmanager
 
 import pytest
 
+
+def _flat(text: str) -> str:
+    """Output with rich's line wrapping undone (it wraps at the terminal width)."""
+    return " ".join(text.split())
+
 pytestmark = pytest.mark.integration
 
 RSTAR2 = [sys.executable, "-m", "rstar2cli.cli"]
@@ -249,7 +254,7 @@ def test_eval_endpoint_against_a_local_openai_server(tmp_path, tiny_model_dir, e
     _check_rows(served, "served")
     # the server generated real tokens for every trajectory (no engine errors)
     assert all(r["finish_reason"] != "engine_error" and r["response_ids"] for r in rows)
-    assert "endpoint http://127.0.0.1" in res.stdout
+    assert "endpoint http://127.0.0.1" in _flat(res.stdout)
     labels = json.loads((out / "summary.json").read_text())["labels"]
     assert set(labels) == {"served", "served-b"}
     assert labels["served"]["benchmarks"]["gsm8k_mini"]["num_trajectories"] == 6
