@@ -22,3 +22,30 @@ def eval_data_dir() -> Path:
     if not EVAL_DATA.is_dir():
         pytest.skip(f"benchmark data not found at {EVAL_DATA}")
     return EVAL_DATA
+
+
+@pytest.fixture(scope="session")
+def prompts(tiny_model_dir) -> list[list[int]]:
+    """Four prompts that share their first 300 tokens (prefix-cache hits), 300-315 tokens long."""
+    from transformers import AutoTokenizer
+
+    from rstar2cli import protocol as P
+
+    ids = AutoTokenizer.from_pretrained(tiny_model_dir)(P.render_prompt("Compute 37*41+5."))[
+        "input_ids"
+    ]
+    return [ids[:n] for n in (300, 305, 310, 315)]
+
+
+def _hf_greedy(model, prompt: list[int], max_new_tokens: int) -> list[int]:
+    import torch
+
+    with torch.inference_mode():
+        out = model.generate(torch.tensor([prompt]), max_new_tokens=max_new_tokens, do_sample=False)
+    return out[0, len(prompt) :].tolist()
+
+
+@pytest.fixture(scope="session")
+def hf_greedy():
+    """transformers' own greedy continuation: the reference the engines are checked against."""
+    return _hf_greedy

@@ -8,7 +8,6 @@ import asyncio
 
 import pytest
 
-from rstar2cli import protocol as P
 from rstar2cli.scheduler.engines import Engine, SamplingSpec, make_engines
 
 pytestmark = pytest.mark.integration
@@ -26,24 +25,6 @@ def local_ray():
         ray.shutdown()
 
 
-@pytest.fixture(scope="module")
-def prompts(tiny_model_dir) -> list[list[int]]:
-    from transformers import AutoTokenizer
-
-    ids = AutoTokenizer.from_pretrained(tiny_model_dir)(P.render_prompt("Compute 37*41+5."))[
-        "input_ids"
-    ]
-    return [ids[:n] for n in (300, 305, 310, 315)]
-
-
-def hf_greedy(model, prompt: list[int], max_new_tokens: int) -> list[int]:
-    import torch
-
-    with torch.inference_mode():
-        out = model.generate(torch.tensor([prompt]), max_new_tokens=max_new_tokens, do_sample=False)
-    return out[0, len(prompt) :].tolist()
-
-
 async def greedy(engines, prompts, tag: str, max_tokens: int = 8):
     spec = SamplingSpec(max_tokens=max_tokens, temperature=0.0)
     calls = [engines[i % 2].generate(f"{tag}{i}", p, spec) for i, p in enumerate(prompts)]
@@ -51,7 +32,7 @@ async def greedy(engines, prompts, tag: str, max_tokens: int = 8):
 
 
 @pytest.mark.parametrize("kind", ["hf", "vllm"])
-def test_two_ray_actors_generate_and_update(kind, local_ray, tiny_model_dir, prompts):
+def test_two_ray_actors_generate_and_update(kind, local_ray, tiny_model_dir, prompts, hf_greedy):
     import torch
     from transformers import AutoModelForCausalLM
 

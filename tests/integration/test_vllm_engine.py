@@ -9,7 +9,6 @@ import uuid
 
 import pytest
 
-from rstar2cli import protocol as P
 from rstar2cli.scheduler.engines import METRIC_KEYS, SamplingSpec, make_engines
 
 pytestmark = pytest.mark.integration
@@ -47,24 +46,6 @@ def engines(tiny_model_dir, loop):
             loop.run_until_complete(engine.shutdown())
 
 
-@pytest.fixture(scope="module")
-def prompts(tiny_model_dir) -> list[list[int]]:
-    from transformers import AutoTokenizer
-
-    ids = AutoTokenizer.from_pretrained(tiny_model_dir)(P.render_prompt("Compute 37*41+5."))[
-        "input_ids"
-    ]
-    return [ids[:n] for n in (300, 305, 310, 315)]
-
-
-def hf_greedy(model, prompt: list[int], max_new_tokens: int) -> list[int]:
-    import torch
-
-    with torch.inference_mode():
-        out = model.generate(torch.tensor([prompt]), max_new_tokens=max_new_tokens, do_sample=False)
-    return out[0, len(prompt) :].tolist()
-
-
 def greedy_on_both(loop, engines, prompts, max_tokens: int = 10):
     spec = SamplingSpec(max_tokens=max_tokens, temperature=0.0, want_logprobs=True)
 
@@ -86,7 +67,7 @@ def test_capacity_is_blocks_times_block_size(engines):
         assert set(METRIC_KEYS) <= engine.metrics().keys()
 
 
-def test_greedy_matches_transformers(engines, loop, prompts, tiny_model_dir):
+def test_greedy_matches_transformers(engines, loop, prompts, tiny_model_dir, hf_greedy):
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
@@ -161,7 +142,7 @@ def test_stats_show_use_preemptions_and_prefix_hits(engines, loop, prompts):
 
 
 def test_weight_update_changes_outputs_to_the_new_weights(
-    engines, loop, prompts, tiny_model_dir, tmp_path
+    engines, loop, prompts, tiny_model_dir, tmp_path, hf_greedy
 ):
     import torch
     from transformers import AutoModelForCausalLM

@@ -11,31 +11,12 @@ import pytest
 from rstar2cli import protocol as P
 from rstar2cli.scheduler.engines import METRIC_KEYS, Engine, SamplingSpec, make_engines
 
-PROMPT_LENGTHS = (300, 305, 310, 315)
-
-
-@pytest.fixture(scope="module")
-def prompts(tiny_model_dir) -> list[list[int]]:
-    from transformers import AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
-    ids = tok(P.render_prompt("Compute 37*41+5."))["input_ids"]
-    return [ids[:n] for n in PROMPT_LENGTHS]
-
 
 @pytest.fixture(scope="module")
 def hf_model(tiny_model_dir):
     from transformers import AutoModelForCausalLM
 
     return AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
-
-
-def hf_greedy(model, prompt: list[int], max_new_tokens: int) -> list[int]:
-    import torch
-
-    with torch.inference_mode():
-        out = model.generate(torch.tensor([prompt]), max_new_tokens=max_new_tokens, do_sample=False)
-    return out[0, len(prompt) :].tolist()
 
 
 def run_all(engine, prompts, spec: SamplingSpec, watch: list[int] | None = None):
@@ -70,7 +51,7 @@ def start(tiny_model_dir, kv_cache_tokens: int, seed: int = 0):
     return engine
 
 
-def test_greedy_matches_transformers_generate(tiny_model_dir, prompts, hf_model):
+def test_greedy_matches_transformers_generate(tiny_model_dir, prompts, hf_model, hf_greedy):
     engine = start(tiny_model_dir, kv_cache_tokens=8192)
     assert isinstance(engine, Engine)
     outs = run_all(
@@ -85,11 +66,11 @@ def test_greedy_matches_transformers_generate(tiny_model_dir, prompts, hf_model)
     metrics = engine.metrics()
     assert set(METRIC_KEYS) <= metrics.keys()
     assert metrics["num_generation_tokens"] == 4 * 12 and metrics["peak_kv_used_tokens"] > sum(
-        PROMPT_LENGTHS
+        len(p) for p in prompts
     )
 
 
-def test_tight_budget_preempts_but_never_overcommits(tiny_model_dir, prompts, hf_model):
+def test_tight_budget_preempts_but_never_overcommits(tiny_model_dir, prompts, hf_model, hf_greedy):
     # Two prompts (300 + 305 tokens) fit 640 at admission; 12 new tokens each do not: the engine
     # must preempt (drop one sequence's KV and recompute it later) instead of exceeding the budget.
     capacity = 640
@@ -168,7 +149,7 @@ def test_seeded_sampling_is_reproducible(tiny_model_dir, prompts):
     assert alone.token_ids == out_a[0].token_ids
 
 
-def test_update_from_folder_matches_new_weights(tiny_model_dir, prompts, tmp_path):
+def test_update_from_folder_matches_new_weights(tiny_model_dir, prompts, tmp_path, hf_greedy):
     import torch
     from transformers import AutoModelForCausalLM
 
