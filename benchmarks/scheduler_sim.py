@@ -62,7 +62,9 @@ class SimTraj:
         self.turn_left = self.turns[0]
 
 
-def make_workload(num_prompts: int, num_samples: int, max_response: int, seed: int) -> list[SimTraj]:
+def make_workload(
+    num_prompts: int, num_samples: int, max_response: int, seed: int
+) -> list[SimTraj]:
     """Heavy-tailed multi-turn rollouts; samples of one prompt share its difficulty."""
     rng = random.Random(seed)
     out = []
@@ -77,7 +79,10 @@ def make_workload(num_prompts: int, num_samples: int, max_response: int, seed: i
             parts = [b - a for a, b in zip([0.0, *cuts], [*cuts, 1.0], strict=False)]
             turns = [max(8, int(total * f)) for f in parts]
             chunks = [rng.randint(30, 200) for _ in range(num_turns - 1)]
-            tool_s = [min(30.0, rng.lognormvariate(math.log(0.3) - 0.5, 1.0)) for _ in range(num_turns - 1)]
+            tool_s = [
+                min(30.0, rng.lognormvariate(math.log(0.3) - 0.5, 1.0))
+                for _ in range(num_turns - 1)
+            ]
             out.append(SimTraj(prompt, turns, chunks, tool_s))
     return out
 
@@ -157,7 +162,9 @@ def simulate(
     cost: Cost,
     max_num_seqs: int = 256,
 ) -> SimResult:
-    trajs = [SimTraj(t.prompt_tokens, list(t.turns), list(t.chunks), list(t.tool_s)) for t in workload]
+    trajs = [
+        SimTraj(t.prompt_tokens, list(t.turns), list(t.chunks), list(t.tool_s)) for t in workload
+    ]
     now = [0.0]
     sched = Scheduler([capacity_tokens] * num_engines, config, clock=lambda: now[0])
     engines = [SimEngine(i, capacity_tokens, max_num_seqs) for i in range(num_engines)]
@@ -206,7 +213,11 @@ def simulate(
         eng.evict(eng.capacity_tokens - used - batch * k)  # the batch's growth claims free blocks
         prefill = sum(r.prefill for r in eng.running)
         eng.num_prefill_tokens += prefill
-        dt = cost.p_s * prefill + k * cost.step_s(batch, 0) + cost.c_s * (k * used + batch * k * (k - 1) / 2)
+        dt = (
+            cost.p_s * prefill
+            + k * cost.step_s(batch, 0)
+            + cost.c_s * (k * used + batch * k * (k - 1) / 2)
+        )
         for r in eng.running:
             r.prefill = 0
         eng.stepping = True
@@ -283,7 +294,11 @@ def simulate(
 
 
 def lower_bound_s(
-    workload: list[SimTraj], num_engines: int, capacity_tokens: int, max_response: int, cost: Cost,
+    workload: list[SimTraj],
+    num_engines: int,
+    capacity_tokens: int,
+    max_response: int,
+    cost: Cost,
     max_num_seqs: int = 256,
 ) -> tuple[float, float]:
     """(work bound, critical-path bound). Work: every token at the cheapest per-token cost any

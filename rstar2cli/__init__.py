@@ -1,2 +1,3 @@
 """rstar2cli."""
+
 __version__ = "0.1.0"

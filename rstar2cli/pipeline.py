@@ -65,22 +65,50 @@ def plan_steps(out: Path, s: QuickstartSettings) -> list[Step]:
     return [
         Step(
             "prepare-data",
-            ["prepare-data", "--synthetic", "arith", "--num", str(s.num_problems),
-             "--seed", str(s.seed), "--out", str(train)],
+            [
+                "prepare-data",
+                "--synthetic",
+                "arith",
+                "--num",
+                str(s.num_problems),
+                "--seed",
+                str(s.seed),
+                "--out",
+                str(train),
+            ],
             test,
         ),  # fmt: skip
         Step(
             "sft-coldstart",
-            ["sft-coldstart", "--recipe", str(s.recipes_dir / "sft.yaml"), "--out", str(sft_dir),
-             "--set", sources],
+            [
+                "sft-coldstart",
+                "--recipe",
+                str(s.recipes_dir / "sft.yaml"),
+                "--out",
+                str(sft_dir),
+                "--set",
+                sources,
+            ],
             sft_dir / "final" / "config.json",
         ),  # fmt: skip
         eval_step("sft", sft_dir / "final"),
         Step(
             "rl-stage",
-            ["rl-stage", "--recipe", str(s.recipes_dir / "rl.yaml"), "--out", str(rl_dir),
-             "--init-from", str(sft_dir / "final"), "--sandbox", SANDBOX_URL_VAR,
-             "--set", f"data.train={train}", "--set", f"data.eval={test}"],
+            [
+                "rl-stage",
+                "--recipe",
+                str(s.recipes_dir / "rl.yaml"),
+                "--out",
+                str(rl_dir),
+                "--init-from",
+                str(sft_dir / "final"),
+                "--sandbox",
+                SANDBOX_URL_VAR,
+                "--set",
+                f"data.train={train}",
+                "--set",
+                f"data.eval={test}",
+            ],
             rl_dir / "final" / "config.json",
         ),  # fmt: skip
         eval_step("rl", rl_dir / "final"),

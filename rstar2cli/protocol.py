@@ -131,7 +131,9 @@ class ToolCall:
     raw: str
 
 
-_CALL_RE = re.compile(re.escape(TOOL_CALL_OPEN) + r"(.*?)(?:" + re.escape(TOOL_CALL_CLOSE) + r"|$)", re.S)
+_CALL_RE = re.compile(
+    re.escape(TOOL_CALL_OPEN) + r"(.*?)(?:" + re.escape(TOOL_CALL_CLOSE) + r"|$)", re.S
+)
 
 
 def find_tool_call_blocks(turn_text: str) -> list[tuple[str, bool]]:
@@ -151,14 +153,25 @@ def parse_tool_call(inner: str, closed: bool = True) -> ToolCall:
         obj = json.loads(raw)
     except json.JSONDecodeError as exc:
         what = "unterminated tool call" if not closed else "invalid JSON in tool call"
-        return ToolCall(None, "", "", f"Error: {what}: {exc.msg} (line {exc.lineno} column {exc.colno})", raw)
+        return ToolCall(
+            None, "", "", f"Error: {what}: {exc.msg} (line {exc.lineno} column {exc.colno})", raw
+        )
     if not isinstance(obj, dict):
-        return ToolCall(None, "", "", "Error: a tool call must be a JSON object with 'name' and 'arguments'", raw)
+        return ToolCall(
+            None,
+            "",
+            "",
+            "Error: a tool call must be a JSON object with 'name' and 'arguments'",
+            raw,
+        )
     name = obj.get("name")
     if name != TOOL_NAME:
         return ToolCall(
-            str(name) if name is not None else None, "", "",
-            f"Error: unknown tool {name!r}; the only tool is {TOOL_NAME}", raw,
+            str(name) if name is not None else None,
+            "",
+            "",
+            f"Error: unknown tool {name!r}; the only tool is {TOOL_NAME}",
+            raw,
         )
     args = obj.get("arguments", obj.get("parameters"))
     if isinstance(args, str):  # OpenAI style: arguments as a JSON string
@@ -167,7 +180,9 @@ def parse_tool_call(inner: str, closed: bool = True) -> ToolCall:
         except json.JSONDecodeError as exc:
             return ToolCall(name, "", "", f"Error: arguments are not valid JSON: {exc.msg}", raw)
     if not isinstance(args, dict):
-        return ToolCall(name, "", "", "Error: 'arguments' must be a JSON object with a 'code' field", raw)
+        return ToolCall(
+            name, "", "", "Error: 'arguments' must be a JSON object with a 'code' field", raw
+        )
     code, stdin = args.get("code"), args.get("input", "")
     if not isinstance(code, str) or not code.strip():
         return ToolCall(name, "", "", "Error: missing required argument 'code' (a string)", raw)
@@ -180,7 +195,10 @@ def parse_tool_call(inner: str, closed: bool = True) -> ToolCall:
 
 def parse_tool_calls(turn_text: str, max_calls: int = 1) -> list[ToolCall]:
     """Parse the first `max_calls` tool calls of a model turn (paper: only the first one runs)."""
-    return [parse_tool_call(inner, closed) for inner, closed in find_tool_call_blocks(turn_text)[:max_calls]]
+    return [
+        parse_tool_call(inner, closed)
+        for inner, closed in find_tool_call_blocks(turn_text)[:max_calls]
+    ]
 
 
 def format_tool_call(code: str, stdin: str = "") -> str:
@@ -209,7 +227,7 @@ def truncate_text(text: str, max_chars: int | None, side: str = "middle") -> str
     if side != "middle":
         raise ValueError(f"unknown truncation side {side!r}")
     head = max_chars // 2
-    return text[:head] + marker + text[len(text) - (max_chars - head):]
+    return text[:head] + marker + text[len(text) - (max_chars - head) :]
 
 
 _STATUS_NOTES = {
@@ -340,7 +358,9 @@ class TrajectoryStats:
         return sum(n for s, n in self.tool_status_counts.items() if s != "ok")
 
 
-def trajectory_stats(response_text: str, num_turns: int, tool_statuses: list[str]) -> TrajectoryStats:
+def trajectory_stats(
+    response_text: str, num_turns: int, tool_statuses: list[str]
+) -> TrajectoryStats:
     counts: dict[str, int] = {}
     for s in tool_statuses:
         counts[s] = counts.get(s, 0) + 1

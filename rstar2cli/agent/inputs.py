@@ -27,11 +27,13 @@ def load_problems(
             continue
         if require_answer and answer is None:
             continue
-        problems.append({
-            "id": str(row.get("id", i)),
-            "question": question,
-            "answer": None if answer is None else str(answer),
-        })
+        problems.append(
+            {
+                "id": str(row.get("id", i)),
+                "question": question,
+                "answer": None if answer is None else str(answer),
+            }
+        )
         if max_problems is not None and len(problems) >= max_problems:
             break
     if not problems:

@@ -47,7 +47,6 @@ class Next:
     DONE = "done"
 
 
-
 def sample_seed(base: int, problem_id: object, sample: int, turn: int) -> int:
     """Per-request sampling seed: distinct per (problem, sample, turn), reproducible across runs.
 
@@ -56,6 +55,7 @@ def sample_seed(base: int, problem_id: object, sample: int, turn: int) -> int:
     """
     problem_key = zlib.crc32(str(problem_id).encode("utf-8"))
     return (base * 1_000_003 + problem_key) % 2**31 + 1000 * sample + turn
+
 
 @dataclass
 class AgentConfig:
@@ -86,7 +86,9 @@ class ToolRunner(Protocol):
 class Trajectory:
     """One rollout of one question: the token layout plus the stop rules."""
 
-    def __init__(self, item: dict[str, Any], prompt_ids: list[int], tokenizer: Any, config: AgentConfig):
+    def __init__(
+        self, item: dict[str, Any], prompt_ids: list[int], tokenizer: Any, config: AgentConfig
+    ):
         self.item = item  # needs "id", "sample", "question"; "answer" when known
         self.config = config
         self.tokenizer = tokenizer
@@ -121,10 +123,19 @@ class Trajectory:
     def sampling_spec(self, max_tokens: int | None = None) -> Any:
         from rstar2cli.scheduler.engines import SamplingSpec
 
-        cap = self.remaining_tokens if max_tokens is None else min(max_tokens, self.remaining_tokens)
+        cap = (
+            self.remaining_tokens if max_tokens is None else min(max_tokens, self.remaining_tokens)
+        )
         self._last_max_tokens = cap
-        seed = None if self.config.seed is None else sample_seed(
-            self.config.seed, self.item.get("id", ""), int(self.item.get("sample", 0)), self.num_turns
+        seed = (
+            None
+            if self.config.seed is None
+            else sample_seed(
+                self.config.seed,
+                self.item.get("id", ""),
+                int(self.item.get("sample", 0)),
+                self.num_turns,
+            )
         )
         return SamplingSpec(
             max_tokens=cap,
@@ -166,10 +177,21 @@ class Trajectory:
         if result is None:
             status, stdout, stderr, duration_s = "parse_error", "", call.error or "", 0.0
         else:
-            status, stdout, stderr, duration_s = result.status, result.stdout, result.stderr, result.duration_s
-        self.tool_calls.append({"status": status, "duration_s": duration_s, "code": call.code or call.raw})
+            status, stdout, stderr, duration_s = (
+                result.status,
+                result.stdout,
+                result.stderr,
+                result.duration_s,
+            )
+        self.tool_calls.append(
+            {"status": status, "duration_s": duration_s, "code": call.code or call.raw}
+        )
         text = P.format_tool_output(
-            status, stdout, stderr, self.config.max_tool_output_chars, self.config.tool_truncate_side
+            status,
+            stdout,
+            stderr,
+            self.config.max_tool_output_chars,
+            self.config.tool_truncate_side,
         )
         chunk = P.render_tool_response(text, self.config.template)
         ids = self.tokenizer.encode(chunk, add_special_tokens=False)
@@ -262,7 +284,9 @@ class ToolBatcher:
         try:
             results = await self.runner.run_batch([job for job, _ in batch])
         except Exception as exc:  # the runner's own failure: every call in it is an infra error
-            results = [JobResult("sandbox_error", "", f"sandbox failure: {exc}", None, 0.0)] * len(batch)
+            results = [JobResult("sandbox_error", "", f"sandbox failure: {exc}", None, 0.0)] * len(
+                batch
+            )
         for (_, fut), result in zip(batch, results, strict=False):
             if not fut.done():
                 fut.set_result(result)
@@ -290,7 +314,9 @@ async def run_trajectory(
     while nxt != Next.DONE:
         if nxt == Next.GENERATE:
             try:
-                out = await engine.generate(f"{request_id}-{step}", traj.context_ids, traj.sampling_spec())
+                out = await engine.generate(
+                    f"{request_id}-{step}", traj.context_ids, traj.sampling_spec()
+                )
             except Exception:  # a failed request ends this trajectory only
                 traj.finish("engine_error")
                 break

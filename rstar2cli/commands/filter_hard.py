@@ -23,24 +23,37 @@ from rstar2cli.errors import UserError
 
 
 def filter_hard(
-    model: Path = typer.Option(..., "--model", metavar="CKPT", help="HF model folder (e.g. a stage's final/)."),
-    data: Path = typer.Option(..., "--data", help="Problems: .parquet/.jsonl/.json with 'question' and 'answer'."),
+    model: Path = typer.Option(
+        ..., "--model", metavar="CKPT", help="HF model folder (e.g. a stage's final/)."
+    ),
+    data: Path = typer.Option(
+        ..., "--data", help="Problems: .parquet/.jsonl/.json with 'question' and 'answer'."
+    ),
     out: Path = typer.Option(..., "--out", help="Kept problems (.parquet or .jsonl)."),
     samples: int = typer.Option(8, "--samples", min=1, help="Rollouts per problem (paper: 8)."),
     engines: int = typer.Option(1, "--engines", min=1, help="Number of inference engines."),
     engine: str = typer.Option("vllm", "--engine", help="Engine kind: vllm | hf."),
     sandbox: list[str] | None = typer.Option(
-        None, "--sandbox", metavar="URL", help="sandboxd URL (repeatable). None: an in-process sandbox."
+        None,
+        "--sandbox",
+        metavar="URL",
+        help="sandboxd URL (repeatable). None: an in-process sandbox.",
     ),
-    ray_address: str | None = typer.Option(None, "--ray-address", help="Engines as Ray actors: 'local' or an address."),
-    max_turns: int = typer.Option(10, "--max-turns", min=1, help="Most model turns (paper stage 2: 10)."),
+    ray_address: str | None = typer.Option(
+        None, "--ray-address", help="Engines as Ray actors: 'local' or an address."
+    ),
+    max_turns: int = typer.Option(
+        10, "--max-turns", min=1, help="Most model turns (paper stage 2: 10)."
+    ),
     max_response_tokens: int = typer.Option(
         12288, "--max-response-tokens", min=1, help="Response budget (paper stage 2: 12K)."
     ),
     temperature: float = typer.Option(1.0, "--temperature", min=0.0, help="Sampling temperature."),
     seed: int = typer.Option(0, "--seed", help="Sampling seed."),
     template: str = typer.Option("paper", "--template", help="Prompt template: paper | release."),
-    kv_cache_tokens: int = typer.Option(65536, "--kv-cache-tokens", min=16, help="KV cache per engine in tokens."),
+    kv_cache_tokens: int = typer.Option(
+        65536, "--kv-cache-tokens", min=16, help="KV cache per engine in tokens."
+    ),
 ) -> None:
     """Sample k rollouts per problem with a checkpoint; keep the problems it does not solve k/k."""
     from rich.console import Console
@@ -62,14 +75,44 @@ def filter_hard(
         check_sandboxes(urls)
     import asyncio
 
-    counts = asyncio.run(_count(model, problems, samples, engines, engine, urls, ray_address, max_turns,
-                                max_response_tokens, temperature, seed, template, kv_cache_tokens, console))
+    counts = asyncio.run(
+        _count(
+            model,
+            problems,
+            samples,
+            engines,
+            engine,
+            urls,
+            ray_address,
+            max_turns,
+            max_response_tokens,
+            temperature,
+            seed,
+            template,
+            kv_cache_tokens,
+            console,
+        )
+    )
     _write(rows, problems, counts, samples, out)
     _print_histogram(console, counts, samples, out)
 
 
-async def _count(model, problems, samples, num_engines, kind, urls, ray_address, max_turns,
-                 max_response_tokens, temperature, seed, template, kv_cache_tokens, console) -> dict[str, int]:
+async def _count(
+    model,
+    problems,
+    samples,
+    num_engines,
+    kind,
+    urls,
+    ray_address,
+    max_turns,
+    max_response_tokens,
+    temperature,
+    seed,
+    template,
+    kv_cache_tokens,
+    console,
+) -> dict[str, int]:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
     from transformers import AutoTokenizer
 
@@ -81,22 +124,45 @@ async def _count(model, problems, samples, num_engines, kind, urls, ray_address,
 
     tokenizer = AutoTokenizer.from_pretrained(str(model))
     max_prompt = max(len(prompt_ids_for(p["question"], tokenizer, template)) for p in problems)
-    agent = AgentConfig(max_turns=max_turns, max_response_tokens=max_response_tokens,
-                        temperature=temperature, template=template,
-                        seed=request_seed_base(seed, 0))
+    agent = AgentConfig(
+        max_turns=max_turns,
+        max_response_tokens=max_response_tokens,
+        temperature=temperature,
+        template=template,
+        seed=request_seed_base(seed, 0),
+    )
     items = make_items(problems, samples)
     runner = make_tool_runner(urls)
     engines: list[Any] = []
     try:
-        engines = make_engines(str(model), num_engines, kind=kind, ray_address=ray_address,
-                               kv_cache_tokens=max(kv_cache_tokens, max_prompt + max_response_tokens),
-                               max_model_len=max_prompt + max_response_tokens, seed=seed)
-        with Grader(num_workers=1, strict=True) as grader, Progress(
-            TextColumn("filter-hard"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=console
-        ) as progress:
+        engines = make_engines(
+            str(model),
+            num_engines,
+            kind=kind,
+            ray_address=ray_address,
+            kv_cache_tokens=max(kv_cache_tokens, max_prompt + max_response_tokens),
+            max_model_len=max_prompt + max_response_tokens,
+            seed=seed,
+        )
+        with (
+            Grader(num_workers=1, strict=True) as grader,
+            Progress(
+                TextColumn("filter-hard"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeElapsedColumn(),
+                console=console,
+            ) as progress,
+        ):
             task = progress.add_task("rollouts", total=len(items))
             records, _, _ = await rollout_and_grade(
-                engines, items, tokenizer, agent, SchedulerConfig(), ToolBatcher(runner), grader,
+                engines,
+                items,
+                tokenizer,
+                agent,
+                SchedulerConfig(),
+                ToolBatcher(runner),
+                grader,
                 on_tick=lambda snap: progress.update(task, completed=snap.num_done),
             )
             progress.update(task, completed=len(items))
@@ -110,18 +176,25 @@ async def _count(model, problems, samples, num_engines, kind, urls, ray_address,
     return counts
 
 
-def _write(rows: list[dict[str, Any]], problems: list[dict[str, Any]], counts: dict[str, int],
-           samples: int, out: Path) -> None:
+def _write(
+    rows: list[dict[str, Any]],
+    problems: list[dict[str, Any]],
+    counts: dict[str, int],
+    samples: int,
+    out: Path,
+) -> None:
     from rstar2cli.fileio import atomic_path, write_jsonl_atomic
 
     by_id = {str(row.get("id", i)): row for i, row in enumerate(rows)}
     kept = [
         {**by_id[p["id"]], "num_correct": counts[p["id"]], "num_samples": samples}
-        for p in problems if counts[p["id"]] < samples
+        for p in problems
+        if counts[p["id"]] < samples
     ]
-    write_jsonl_atomic(out.with_name(out.stem + ".counts.jsonl"), [
-        {"id": p["id"], "num_correct": counts[p["id"]], "num_samples": samples} for p in problems
-    ])
+    write_jsonl_atomic(
+        out.with_name(out.stem + ".counts.jsonl"),
+        [{"id": p["id"], "num_correct": counts[p["id"]], "num_samples": samples} for p in problems],
+    )
     if out.suffix.lower() == ".jsonl":
         write_jsonl_atomic(out, kept)
         return
@@ -148,5 +221,7 @@ def _print_histogram(console: Any, counts: dict[str, int], samples: int, out: Pa
         table.add_row(f"{k}/{samples}", str(n), f"{n / total:.1%}", "#" * round(40 * n / total))
     console.print(table)
     num_kept = len(counts) - hist[samples]
-    console.print(f"filter-hard: kept {num_kept} of {len(counts)} problems (dropped {hist[samples]} "
-                  f"solved {samples}/{samples}) -> {out}")
+    console.print(
+        f"filter-hard: kept {num_kept} of {len(counts)} problems (dropped {hist[samples]} "
+        f"solved {samples}/{samples}) -> {out}"
+    )

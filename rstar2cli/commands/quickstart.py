@@ -15,10 +15,16 @@ REPO_RECIPES = Path(__file__).resolve().parents[2] / "recipes" / "tiny"
 
 def quickstart(
     out: Path = typer.Option(
-        Path("quickstart_out"), "--out", help="Folder for every stage's output, summary.json and pipeline.sh."
+        Path("quickstart_out"),
+        "--out",
+        help="Folder for every stage's output, summary.json and pipeline.sh.",
     ),
-    fresh: bool = typer.Option(False, "--fresh", help="Delete --out first and start over (default: resume)."),
-    sandbox_workers: int = typer.Option(2, "--sandbox-workers", min=1, help="Sandbox worker slots."),
+    fresh: bool = typer.Option(
+        False, "--fresh", help="Delete --out first and start over (default: resume)."
+    ),
+    sandbox_workers: int = typer.Option(
+        2, "--sandbox-workers", min=1, help="Sandbox worker slots."
+    ),
 ) -> None:
     """Run data -> cold-start SFT -> sandbox daemon -> eval -> GRPO-RoC -> eval on a tiny local model.
 
@@ -34,14 +40,18 @@ def quickstart(
 
     console = Console()
     if not (REPO_RECIPES / "sft.yaml").is_file() or not (REPO_RECIPES / "rl.yaml").is_file():
-        raise UserError(f"tiny recipes not found in {REPO_RECIPES}: run from a checkout of rstar2cli")
+        raise UserError(
+            f"tiny recipes not found in {REPO_RECIPES}: run from a checkout of rstar2cli"
+        )
     if fresh and out.exists():
         shutil.rmtree(out)
     out.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
     steps = pipeline.plan_steps(out, pipeline.QuickstartSettings(recipes_dir=REPO_RECIPES))
     (out / "pipeline.sh").write_text(pipeline.shell_script(steps), encoding="utf-8")
-    console.print(f"[bold]rstar2 quickstart[/] -> {out}  (the same commands: {out / 'pipeline.sh'})")
+    console.print(
+        f"[bold]rstar2 quickstart[/] -> {out}  (the same commands: {out / 'pipeline.sh'})"
+    )
 
     from sandboxd.server import spawn_daemon
 
@@ -59,14 +69,19 @@ def quickstart(
                 step.done_marker.touch()
 
     # step 0 is the held-out eval before training; training steps are 1..N
-    rl_steps = max((int(r.get("step", 0)) for r in read_jsonl_if_exists(out / "rl" / "metrics.jsonl")), default=0)
+    rl_steps = max(
+        (int(r.get("step", 0)) for r in read_jsonl_if_exists(out / "rl" / "metrics.jsonl")),
+        default=0,
+    )
     summary = pipeline.summarize(
         read_jsonl_if_exists(out / "eval" / "results.jsonl"), rl_steps, time.monotonic() - started
     )
     write_json_atomic(out / "summary.json", summary)
     _print_table(console, summary)
     _plot(summary, out / "quickstart.png")
-    console.print(f"summary: {out / 'summary.json'}  plots: {out / 'quickstart.png'}, {out / 'eval'}, {out / 'rl'}")
+    console.print(
+        f"summary: {out / 'summary.json'}  plots: {out / 'quickstart.png'}, {out / 'eval'}, {out / 'rl'}"
+    )
 
 
 def _run_command(argv: list[str]) -> None:
@@ -97,9 +112,19 @@ def _print_table(console: object, summary: dict) -> None:
         table.add_column(col, justify="right" if col != "metric" else "left")
     sft, rl = summary["sft"], summary["rl"]
     table.add_row("accuracy (avg pass@1)", _fmt(sft["accuracy"]), _fmt(rl["accuracy"]))
-    table.add_row("tool calls / trajectory", _fmt(sft.get("tool_calls_per_trajectory"), False), _fmt(rl.get("tool_calls_per_trajectory"), False))
-    table.add_row("tool-error share in correct", _fmt(sft["tool_error_share"]), _fmt(rl["tool_error_share"]))
-    table.add_row("mean response tokens", _fmt(sft.get("mean_response_tokens"), False), _fmt(rl.get("mean_response_tokens"), False))
+    table.add_row(
+        "tool calls / trajectory",
+        _fmt(sft.get("tool_calls_per_trajectory"), False),
+        _fmt(rl.get("tool_calls_per_trajectory"), False),
+    )
+    table.add_row(
+        "tool-error share in correct", _fmt(sft["tool_error_share"]), _fmt(rl["tool_error_share"])
+    )
+    table.add_row(
+        "mean response tokens",
+        _fmt(sft.get("mean_response_tokens"), False),
+        _fmt(rl.get("mean_response_tokens"), False),
+    )
     table.add_row("RL steps", "", str(rl["steps"]))
     console.print(table)  # type: ignore[attr-defined]
     console.print(f"total: {summary['seconds']:.0f} s")  # type: ignore[attr-defined]
@@ -111,7 +136,10 @@ def _plot(summary: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    metrics = [("accuracy", "accuracy"), ("tool_error_share", "tool-error share\n(correct trajectories)")]
+    metrics = [
+        ("accuracy", "accuracy"),
+        ("tool_error_share", "tool-error share\n(correct trajectories)"),
+    ]
     fig, axes = plt.subplots(1, 2, figsize=(8, 3.5))
     for ax, (key, title) in zip(axes, metrics, strict=True):
         values = [summary[k][key] or 0.0 for k in ("sft", "rl")]

@@ -22,23 +22,36 @@ from rstar2cli.errors import UserError
 
 
 def rl_stage(
-    recipe: Path = typer.Option(..., "--recipe", help="RL recipe YAML (e.g. recipes/tiny/rl.yaml)."),
-    sets: list[str] | None = typer.Option(
-        None, "--set", metavar="KEY=VALUE", help="Override a recipe value, e.g. train.num_steps=5. Repeatable."
+    recipe: Path = typer.Option(
+        ..., "--recipe", help="RL recipe YAML (e.g. recipes/tiny/rl.yaml)."
     ),
-    out: Path = typer.Option(..., "--out", help="Run folder: recipe, checkpoints, metrics, plots, final/ model."),
+    sets: list[str] | None = typer.Option(
+        None,
+        "--set",
+        metavar="KEY=VALUE",
+        help="Override a recipe value, e.g. train.num_steps=5. Repeatable.",
+    ),
+    out: Path = typer.Option(
+        ..., "--out", help="Run folder: recipe, checkpoints, metrics, plots, final/ model."
+    ),
     init_from: Path | None = typer.Option(
-        None, "--init-from", metavar="CKPT",
+        None,
+        "--init-from",
+        metavar="CKPT",
         help="Start from this HF folder, or a previous rl-stage OUT (weights + optimizer state).",
     ),
     reset_optimizer: bool = typer.Option(
-        False, "--reset-optimizer", help="With --init-from a previous stage: fresh optimizer (stage 3)."
+        False,
+        "--reset-optimizer",
+        help="With --init-from a previous stage: fresh optimizer (stage 3).",
     ),
     sandbox: list[str] | None = typer.Option(
         None, "--sandbox", metavar="URL", help="sandboxd URL (repeatable); overrides the recipe's."
     ),
     ray_address: str | None = typer.Option(
-        None, "--ray-address", help="Place engines and trainer ranks with Ray: 'local' or a cluster address."
+        None,
+        "--ray-address",
+        help="Place engines and trainer ranks with Ray: 'local' or a cluster address.",
     ),
 ) -> None:
     """Train one GRPO-RoC stage: rollout 2G -> grade -> RoC to G -> PPO-clip update -> push weights."""
@@ -74,10 +87,16 @@ def rl_stage(
     dump_recipe(resolved, recipe_path)
     from rstar2cli.rl.stage import StageOptions, run_stage
 
-    opts = StageOptions(out=out, ray_address=ray_address, init_checkpoint=init_checkpoint,
-                        reset_optimizer=reset_optimizer)
+    opts = StageOptions(
+        out=out,
+        ray_address=ray_address,
+        init_checkpoint=init_checkpoint,
+        reset_optimizer=reset_optimizer,
+    )
     final = run_stage(resolved, opts)
-    console.print(f"rl-stage: done; model in {final} (metrics: {out / 'metrics.jsonl'}, plots: {out / 'curves.png'})")
+    console.print(
+        f"rl-stage: done; model in {final} (metrics: {out / 'metrics.jsonl'}, plots: {out / 'curves.png'})"
+    )
 
 
 def _resolve_init(init_from: Path, reset_optimizer: bool) -> tuple[str, Path | None]:
@@ -99,7 +118,9 @@ def _resolve_init(init_from: Path, reset_optimizer: bool) -> tuple[str, Path | N
 
 
 def _check_inputs(recipe: object) -> None:
-    missing = [p for p in (recipe.data.train, recipe.data.eval) if p is not None and not Path(p).is_file()]
+    missing = [
+        p for p in (recipe.data.train, recipe.data.eval) if p is not None and not Path(p).is_file()
+    ]
     if missing:
         raise UserError(f"data file(s) not found: {', '.join(missing)}")
     if not (Path(recipe.model) / "config.json").is_file():

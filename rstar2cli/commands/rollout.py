@@ -34,12 +34,17 @@ def rollout(
     data: Path = typer.Option(
         ..., "--data", help="Problems: .parquet/.jsonl/.json with 'question' (and 'answer', 'id')."
     ),
-    out: Path = typer.Option(..., "--out", help="Trajectory records, one JSON line each (appended)."),
+    out: Path = typer.Option(
+        ..., "--out", help="Trajectory records, one JSON line each (appended)."
+    ),
     n: int = typer.Option(1, "--n", min=1, help="Samples (rollouts) per problem."),
     engines: int = typer.Option(1, "--engines", min=1, help="Number of inference engines."),
     engine: str = typer.Option("vllm", "--engine", help="Engine kind: vllm | hf."),
     sandbox: list[str] | None = typer.Option(
-        None, "--sandbox", metavar="URL", help="sandboxd URL (repeatable). None: an in-process sandbox."
+        None,
+        "--sandbox",
+        metavar="URL",
+        help="sandboxd URL (repeatable). None: an in-process sandbox.",
     ),
     scheduler: str = typer.Option(
         "kv", "--scheduler", help="kv (KV-cache-aware) | static | least-requests."
@@ -50,7 +55,9 @@ def rollout(
         help="kv scheduler reservation: incremental (context + next step, never over-commits) | "
         "full (the paper's prompt + max response) | per_turn.",
     ),
-    max_turns: int = typer.Option(10, "--max-turns", min=1, help="Most model turns per trajectory."),
+    max_turns: int = typer.Option(
+        10, "--max-turns", min=1, help="Most model turns per trajectory."
+    ),
     max_response_tokens: int = typer.Option(
         8192, "--max-response-tokens", min=1, help="Response budget (model + tool tokens)."
     ),
@@ -101,19 +108,44 @@ def rollout(
         check_sandboxes(urls)
     items = _pending_items(problems, n, out)
     if not items:
-        console.print(f"rollout: all {len(problems) * n} trajectories already in {out}; nothing to do")
+        console.print(
+            f"rollout: all {len(problems) * n} trajectories already in {out}; nothing to do"
+        )
         return
     settings = dict(
-        model=str(model), data=str(data), n=n, engines=engines, engine=engine, sandbox=urls,
-        scheduler=scheduler, kv_mode=kv_mode, max_turns=max_turns,
-        max_response_tokens=max_response_tokens, temperature=temperature, seed=seed,
-        template=template, ray_address=ray_address, kv_cache_tokens=kv_cache_tokens,
+        model=str(model),
+        data=str(data),
+        n=n,
+        engines=engines,
+        engine=engine,
+        sandbox=urls,
+        scheduler=scheduler,
+        kv_mode=kv_mode,
+        max_turns=max_turns,
+        max_response_tokens=max_response_tokens,
+        temperature=temperature,
+        seed=seed,
+        template=template,
+        ray_address=ray_address,
+        kv_cache_tokens=kv_cache_tokens,
     )
     import asyncio
 
     asyncio.run(
-        _run(console, model, items, out, engines, engine, urls, ray_address, kv_cache_tokens,
-             agent_config, sched_config, settings)
+        _run(
+            console,
+            model,
+            items,
+            out,
+            engines,
+            engine,
+            urls,
+            ray_address,
+            kv_cache_tokens,
+            agent_config,
+            sched_config,
+            settings,
+        )
     )
 
 
@@ -121,12 +153,7 @@ def _pending_items(problems: list[dict[str, Any]], n: int, out: Path) -> list[di
     from rstar2cli.fileio import read_jsonl_if_exists
 
     done = {(str(r.get("id")), r.get("sample")) for r in read_jsonl_if_exists(out)}
-    return [
-        {**p, "sample": s}
-        for p in problems
-        for s in range(n)
-        if (p["id"], s) not in done
-    ]
+    return [{**p, "sample": s} for p in problems for s in range(n) if (p["id"], s) not in done]
 
 
 class _Writer:
@@ -181,8 +208,20 @@ class _Writer:
                 self.grader.close()
 
 
-async def _run(console, model, items, out, num_engines, kind, urls, ray_address, kv_cache_tokens,
-               agent_config, sched_config, settings) -> None:
+async def _run(
+    console,
+    model,
+    items,
+    out,
+    num_engines,
+    kind,
+    urls,
+    ray_address,
+    kv_cache_tokens,
+    agent_config,
+    sched_config,
+    settings,
+) -> None:
     from transformers import AutoTokenizer
 
     from rstar2cli.agent.loop import ToolBatcher, make_tool_runner, prompt_ids_for
@@ -190,22 +229,34 @@ async def _run(console, model, items, out, num_engines, kind, urls, ray_address,
     from rstar2cli.scheduler.rollout import run_rollout
 
     tokenizer = AutoTokenizer.from_pretrained(str(model))
-    max_prompt = max(len(prompt_ids_for(q, tokenizer, agent_config.template))
-                     for q in {i["question"] for i in items})
+    max_prompt = max(
+        len(prompt_ids_for(q, tokenizer, agent_config.template))
+        for q in {i["question"] for i in items}
+    )
     runner = make_tool_runner(urls, timeout_s=agent_config.tool_timeout_s or 10.0)
     writer = _Writer(out)
     engines: list[Any] = []
     try:
         sizes = {"kv_cache_tokens": kv_cache_tokens} if kv_cache_tokens else {}
         engines = make_engines(
-            str(model), num_engines, kind=kind, ray_address=ray_address,
-            max_model_len=max_prompt + agent_config.max_response_tokens, seed=settings["seed"],
+            str(model),
+            num_engines,
+            kind=kind,
+            ray_address=ray_address,
+            max_model_len=max_prompt + agent_config.max_response_tokens,
+            seed=settings["seed"],
             **sizes,
         )
         with _Progress(console, len(items)) as progress:
             stats = await run_rollout(
-                engines, items, tokenizer, agent_config, sched_config, ToolBatcher(runner),
-                on_record=lambda r: (writer.add(r), progress.done()), on_tick=progress.tick,
+                engines,
+                items,
+                tokenizer,
+                agent_config,
+                sched_config,
+                ToolBatcher(runner),
+                on_record=lambda r: (writer.add(r), progress.done()),
+                on_tick=progress.tick,
             )
     finally:
         writer.close()
@@ -228,8 +279,13 @@ class _Progress:
         )
 
         self.progress = Progress(
-            TextColumn("rollout"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-            TextColumn("{task.description}"), console=console, transient=False,
+            TextColumn("rollout"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            TextColumn("{task.description}"),
+            console=console,
+            transient=False,
         )
         self.task = self.progress.add_task("starting", total=total)
 
@@ -247,10 +303,17 @@ class _Progress:
         kv = " ".join(
             f"e{i} {led / cap:.0%}/{eng / cap:.0%}"
             for i, (led, eng, cap) in enumerate(
-                zip(snap.ledger_used_tokens, snap.engine_used_tokens, snap.capacity_tokens, strict=False)
+                zip(
+                    snap.ledger_used_tokens,
+                    snap.engine_used_tokens,
+                    snap.capacity_tokens,
+                    strict=False,
+                )
             )
         )
-        self.progress.update(self.task, description=f"tools {snap.num_tool_in_flight} | KV reserved/used {kv}")
+        self.progress.update(
+            self.task, description=f"tools {snap.num_tool_in_flight} | KV reserved/used {kv}"
+        )
 
 
 def _report(console: Any, out: Path, stats: Any, writer: _Writer, settings: dict) -> None:

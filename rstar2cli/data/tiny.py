@@ -40,8 +40,12 @@ class TinySize:
 
 # "tiny": ~0.4M params, the CPU default. "small": for GPU checks of the engines with a bigger model.
 SIZES = {
-    "tiny": TinySize(hidden_size=128, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=256),
-    "small": TinySize(hidden_size=512, num_layers=8, num_heads=8, num_kv_heads=4, intermediate_size=1536),
+    "tiny": TinySize(
+        hidden_size=128, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=256
+    ),
+    "small": TinySize(
+        hidden_size=512, num_layers=8, num_heads=8, num_kv_heads=4, intermediate_size=1536
+    ),
 }
 
 
@@ -50,7 +54,11 @@ def _corpus(seed: int = 0, num_lines: int = 2000) -> list[str]:
     rng = random.Random(seed)
     # NOTE: the fixed protocol text is repeated so BPE merges cover it: the prompt then costs a few
     # hundred tokens instead of one per byte, which is most of a tiny model's compute.
-    fixed = [P.render_prompt("Q"), P.render_prompt("Q", template="release"), P.render_tool_response("1")]
+    fixed = [
+        P.render_prompt("Q"),
+        P.render_prompt("Q", template="release"),
+        P.render_tool_response("1"),
+    ]
     lines = fixed * 400
     for _ in range(num_lines):
         a, b, c = rng.randint(0, 999), rng.randint(0, 999), rng.randint(0, 99)
@@ -58,7 +66,9 @@ def _corpus(seed: int = 0, num_lines: int = 2000) -> list[str]:
         expr = f"{a}{op1}{b}{op2}{c}"
         lines.append(f"Compute {expr}.")
         lines.append(P.format_tool_call(f"print({expr})"))
-        lines.append(f"{P.REASON_CLOSE}\n{P.ANSWER_OPEN}\\boxed{{{a * 7 - c}}}{P.ANSWER_CLOSE}{P.IM_END}")
+        lines.append(
+            f"{P.REASON_CLOSE}\n{P.ANSWER_OPEN}\\boxed{{{a * 7 - c}}}{P.ANSWER_CLOSE}{P.IM_END}"
+        )
         lines.append("Traceback (most recent call last):\nNameError: name 'x' is not defined")
     return lines
 
@@ -75,7 +85,10 @@ def build_tokenizer(seed: int = 0) -> Any:
     # NOTE: digits are single tokens, so copying a number (question -> code, tool output ->
     # \boxed{}) is a fixed-offset lookup a two-layer model learns quickly.
     tok.pre_tokenizer = pre_tokenizers.Sequence(
-        [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False)]
+        [
+            pre_tokenizers.Digits(individual_digits=True),
+            pre_tokenizers.ByteLevel(add_prefix_space=False),
+        ]
     )
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(

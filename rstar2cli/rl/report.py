@@ -22,9 +22,24 @@ from rstar2cli.fileio import JsonlAppender
 from rstar2cli.train_utils import open_run_logs
 
 SCALARS = (
-    "reward", "pass_rate", "tool_error_share_correct", "format_penalty", "response_tokens",
-    "num_kept", "num_dropped_groups", "clip_frac", "entropy", "approx_kl", "loss", "grad_norm",
-    "lr", "eval_accuracy", "time_rollout_s", "time_grade_s", "time_update_s", "time_sync_s",
+    "reward",
+    "pass_rate",
+    "tool_error_share_correct",
+    "format_penalty",
+    "response_tokens",
+    "num_kept",
+    "num_dropped_groups",
+    "clip_frac",
+    "entropy",
+    "approx_kl",
+    "loss",
+    "grad_norm",
+    "lr",
+    "eval_accuracy",
+    "time_rollout_s",
+    "time_grade_s",
+    "time_update_s",
+    "time_sync_s",
 )
 
 PLOTS = (
@@ -38,8 +53,16 @@ PLOTS = (
 
 
 class StageReporter:
-    def __init__(self, out: Path, log_cfg: Any, start_step: int, num_steps: int,
-                 run_name: str, recipe_dump: dict[str, Any], live: bool = True):
+    def __init__(
+        self,
+        out: Path,
+        log_cfg: Any,
+        start_step: int,
+        num_steps: int,
+        run_name: str,
+        recipe_dump: dict[str, Any],
+        live: bool = True,
+    ):
         self.out, self.log_cfg = out, log_cfg
         self.start_step, self.num_steps = start_step, num_steps
         self.run_name, self.recipe_dump, self.live = run_name, recipe_dump, live
@@ -52,7 +75,9 @@ class StageReporter:
     def __enter__(self) -> StageReporter:
         self._metrics, self._tb = open_run_logs(self.out, self.start_step, self.log_cfg.tensorboard)
         if self.log_cfg.wandb_project:
-            self._wandb = _start_wandb(self.log_cfg.wandb_project, self.run_name, self.recipe_dump, self.out)
+            self._wandb = _start_wandb(
+                self.log_cfg.wandb_project, self.run_name, self.recipe_dump, self.out
+            )
         if self.live:
             self._start_bar()
         return self
@@ -67,8 +92,12 @@ class StageReporter:
         )
 
         self._progress = Progress(
-            TextColumn("rl-stage"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-            TextColumn("{task.fields[phase]}"), TextColumn("{task.fields[last]}"),
+            TextColumn("rl-stage"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            TextColumn("{task.fields[phase]}"),
+            TextColumn("{task.fields[last]}"),
         )
         self._progress.start()
         self._task = self._progress.add_task(
@@ -112,8 +141,12 @@ def headline(row: dict[str, Any]) -> str:
     parts = []
     if "reward" in row:
         err = row.get("tool_error_share_correct")
-        parts += [f"reward {row['reward']:.2f}", "err-in-correct " + ("-" if err is None else f"{err:.1%}"),
-                  f"kept {row['num_kept']}", f"len {row['response_tokens']:.0f}"]
+        parts += [
+            f"reward {row['reward']:.2f}",
+            "err-in-correct " + ("-" if err is None else f"{err:.1%}"),
+            f"kept {row['num_kept']}",
+            f"len {row['response_tokens']:.0f}",
+        ]
     if row.get("eval_accuracy") is not None:
         parts.append(f"eval {row['eval_accuracy']:.2f}")
     return " | ".join(parts)
@@ -123,8 +156,12 @@ def _start_wandb(project: str, name: str, config: dict[str, Any], out: Path) -> 
     try:
         import wandb
     except ImportError as exc:
-        raise UserError("log.wandb_project is set but wandb is not installed (pip install wandb)") from exc
-    return wandb.init(project=project, name=name, config=config, dir=str(out), resume="allow", id=name)
+        raise UserError(
+            "log.wandb_project is set but wandb is not installed (pip install wandb)"
+        ) from exc
+    return wandb.init(
+        project=project, name=name, config=config, dir=str(out), resume="allow", id=name
+    )
 
 
 def plot_metrics(rows: list[dict[str, Any]], path: Path, title: str) -> Path:

@@ -28,12 +28,17 @@ def request_seed_base(seed: int, step: int, eval_pass: bool = False) -> int:
     return (seed % 2**20) * 2**40 + slot * _STEP_SPAN
 
 
-def drop_long_prompts(problems: list[dict[str, Any]], tokenizer: Any, template: str,
-                      max_prompt_tokens: int) -> tuple[list[dict[str, Any]], int]:
+def drop_long_prompts(
+    problems: list[dict[str, Any]], tokenizer: Any, template: str, max_prompt_tokens: int
+) -> tuple[list[dict[str, Any]], int]:
     """Problems whose rendered prompt fits `max_prompt_tokens`, and how many were dropped."""
     from rstar2cli.agent.loop import prompt_ids_for
 
-    kept = [p for p in problems if len(prompt_ids_for(p["question"], tokenizer, template)) <= max_prompt_tokens]
+    kept = [
+        p
+        for p in problems
+        if len(prompt_ids_for(p["question"], tokenizer, template)) <= max_prompt_tokens
+    ]
     return kept, len(problems) - len(kept)
 
 
@@ -66,8 +71,14 @@ async def rollout_and_grade(
 
     records: list[dict[str, Any]] = []
     stats = await run_rollout(
-        engines, items, tokenizer, agent_config, sched_config, tools,
-        on_record=records.append, on_tick=on_tick,
+        engines,
+        items,
+        tokenizer,
+        agent_config,
+        sched_config,
+        tools,
+        on_record=records.append,
+        on_tick=on_tick,
     )
     records.sort(key=lambda r: int(r["sample"]))
     began = time.perf_counter()
@@ -78,5 +89,3 @@ async def rollout_and_grade(
         record["reward"] = 1.0 if result.correct else 0.0
         record["grade_status"] = result.status
     return records, stats, time.perf_counter() - began
-
-

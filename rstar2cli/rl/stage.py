@@ -41,7 +41,9 @@ from rstar2cli.rl.trainer import TrainSample, UpdateSums
 class StageOptions:
     out: Path
     ray_address: str | None = None
-    init_checkpoint: Path | None = None  # a previous stage's checkpoints/ to take weights (+ optimizer) from
+    init_checkpoint: Path | None = (
+        None  # a previous stage's checkpoints/ to take weights (+ optimizer) from
+    )
     reset_optimizer: bool = False
     live: bool = True
 
@@ -78,7 +80,9 @@ def select(records: list[dict[str, Any]], recipe: RlRecipe, step: int) -> Select
         idx = list(range(len(g)))
         if recipe.roc.enabled:
             c = recipe.roc
-            idx = roc_downsample(summaries, c.group_size, c.mode, c.min_positive, c.min_negative, rng)
+            idx = roc_downsample(
+                summaries, c.group_size, c.mode, c.min_positive, c.min_negative, rng
+            )
         for i in idx:
             chosen.append(g[i])
             group_ids.append(gid)
@@ -108,7 +112,8 @@ def rollout_metrics(records: list[dict[str, Any]], sel: Selection) -> dict[str, 
         "tool_error_share_correct": tool_error_share(summaries, positive_only=True),
         "tool_error_share_all": tool_error_share(summaries, positive_only=False),
         "tool_error_share_correct_kept": tool_error_share(sel.kept_summaries, positive_only=True),
-        "format_penalty": sum(format_penalty(s.num_answer_tags, s.num_turns) for s in summaries) / n,
+        "format_penalty": sum(format_penalty(s.num_answer_tags, s.num_turns) for s in summaries)
+        / n,
         "response_tokens": sum(len(r["response_ids"]) for r in records) / n,
         "response_tokens_correct": (
             sum(len(r["response_ids"]) for r in correct) / len(correct) if correct else None
@@ -146,8 +151,14 @@ def update_metrics(sums: list[UpdateSums]) -> dict[str, Any]:
 class StageRun:
     """State of one `rl-stage` run; `run()` drives it inside one event loop."""
 
-    def __init__(self, recipe: RlRecipe, opts: StageOptions, problems: list[dict[str, Any]],
-                 eval_problems: list[dict[str, Any]], tokenizer: Any):
+    def __init__(
+        self,
+        recipe: RlRecipe,
+        opts: StageOptions,
+        problems: list[dict[str, Any]],
+        eval_problems: list[dict[str, Any]],
+        tokenizer: Any,
+    ):
         self.recipe, self.opts = recipe, opts
         self.problems, self.eval_problems, self.tokenizer = problems, eval_problems, tokenizer
         self.ckpt_dir = opts.out / "checkpoints"
@@ -162,10 +173,14 @@ class StageRun:
 
         r = self.recipe.rollout
         return AgentConfig(
-            max_turns=r.max_turns, max_response_tokens=r.max_response_tokens, temperature=temperature,
-            top_p=r.top_p, seed=seed_base,
+            max_turns=r.max_turns,
+            max_response_tokens=r.max_response_tokens,
+            temperature=temperature,
+            top_p=r.top_p,
+            seed=seed_base,
             template=self.recipe.data.template,
-            max_tool_output_chars=r.max_tool_output_chars, tool_timeout_s=r.tool_timeout_s,
+            max_tool_output_chars=r.max_tool_output_chars,
+            tool_timeout_s=r.tool_timeout_s,
         )
 
     def _start_trainers(self) -> tuple[int, bool]:
@@ -184,7 +199,9 @@ class StageRun:
             return int(client["step"]), True
         if self.opts.init_checkpoint is not None:
             self.trainers.load_checkpoint(
-                self.opts.init_checkpoint, module_only=self.opts.reset_optimizer, with_scheduler=False
+                self.opts.init_checkpoint,
+                module_only=self.opts.reset_optimizer,
+                with_scheduler=False,
             )
             return 0, True
         return 0, False
@@ -203,20 +220,36 @@ class StageRun:
             init_ray(self.opts.ray_address, r.rollout.num_engines + r.train.num_trainer_ranks)
         start, push_first = self._start_trainers()
         self.engines = make_engines(
-            r.model, r.rollout.num_engines, kind=r.rollout.engine, ray_address=self.opts.ray_address,
+            r.model,
+            r.rollout.num_engines,
+            kind=r.rollout.engine,
+            ray_address=self.opts.ray_address,
             kv_cache_tokens=r.rollout.kv_cache_tokens,
-            max_model_len=r.rollout.max_prompt_tokens + r.rollout.max_response_tokens, seed=r.train.seed,
+            max_model_len=r.rollout.max_prompt_tokens + r.rollout.max_response_tokens,
+            seed=r.train.seed,
         )
-        runner = make_tool_runner(r.sandbox.urls, timeout_s=r.rollout.tool_timeout_s,
-                                  num_workers=r.sandbox.num_local_workers)
+        runner = make_tool_runner(
+            r.sandbox.urls,
+            timeout_s=r.rollout.tool_timeout_s,
+            num_workers=r.sandbox.num_local_workers,
+        )
         tools = ToolBatcher(runner)
         try:
             if push_first:
                 await self._push_weights()
-            with Grader(r.reward.num_workers, r.reward.timeout_s, strict=r.reward.strict,
-                        zero_truncated=r.reward.zero_truncated) as grader, self._reporter(start) as rep:
+            with (
+                Grader(
+                    r.reward.num_workers,
+                    r.reward.timeout_s,
+                    strict=r.reward.strict,
+                    zero_truncated=r.reward.zero_truncated,
+                ) as grader,
+                self._reporter(start) as rep,
+            ):
                 if start == 0 and r.eval.every_steps > 0:
-                    rep.step({"step": 0, "eval_accuracy": await self._evaluate(0, tools, grader, rep)})
+                    rep.step(
+                        {"step": 0, "eval_accuracy": await self._evaluate(0, tools, grader, rep)}
+                    )
                 for step in range(start, r.train.num_steps):
                     await self._step(step, tools, grader, rep)
             self._plot()
@@ -232,8 +265,15 @@ class StageRun:
     def _reporter(self, start: int) -> Any:
         from rstar2cli.rl.report import StageReporter
 
-        return StageReporter(self.opts.out, self.recipe.log, start, self.recipe.train.num_steps,
-                             self.opts.out.name, self.recipe.model_dump(mode="json"), live=self.opts.live)
+        return StageReporter(
+            self.opts.out,
+            self.recipe.log,
+            start,
+            self.recipe.train.num_steps,
+            self.opts.out.name,
+            self.recipe.model_dump(mode="json"),
+            live=self.opts.live,
+        )
 
     async def _step(self, step: int, tools: Any, grader: Any, rep: Any) -> None:
         from rstar2cli.rl.rollouts import make_items, request_seed_base, rollout_and_grade
@@ -247,7 +287,14 @@ class StageRun:
         agent = self._agent_config(request_seed_base(r.train.seed, step), r.rollout.temperature)
         sched = SchedulerConfig(policy=r.rollout.scheduler, kv_mode=r.rollout.kv_mode)
         records, _, grade_s = await rollout_and_grade(
-            self.engines, items, self.tokenizer, agent, sched, tools, grader, on_tick=rep.rollout_tick
+            self.engines,
+            items,
+            self.tokenizer,
+            agent,
+            sched,
+            tools,
+            grader,
+            on_tick=rep.rollout_tick,
         )
         rollout_s = time.perf_counter() - began - grade_s
         self._health_gate(records)
@@ -264,10 +311,17 @@ class StageRun:
             sync_s = time.perf_counter() - t0
         else:
             update_s = sync_s = 0.0
-        if r.eval.every_steps > 0 and ((step + 1) % r.eval.every_steps == 0 or step + 1 == r.train.num_steps):
+        if r.eval.every_steps > 0 and (
+            (step + 1) % r.eval.every_steps == 0 or step + 1 == r.train.num_steps
+        ):
             row["eval_accuracy"] = await self._evaluate(step + 1, tools, grader, rep)
-        row.update(time_rollout_s=rollout_s, time_grade_s=grade_s, time_update_s=update_s,
-                   time_sync_s=sync_s, time_step_s=time.perf_counter() - began)
+        row.update(
+            time_rollout_s=rollout_s,
+            time_grade_s=grade_s,
+            time_update_s=update_s,
+            time_sync_s=sync_s,
+            time_step_s=time.perf_counter() - began,
+        )
         rep.step(row)
         if (step + 1) % r.checkpoint.every_steps == 0 or step + 1 == r.train.num_steps:
             self._checkpoint(step + 1)
@@ -291,8 +345,13 @@ class StageRun:
     def _update(self, samples: list[TrainSample], step: int) -> list[UpdateSums]:
         from rstar2cli.rl.trainer import plan_update
 
-        plan, tokens = plan_update(samples, self.recipe.train.num_mini_batches, self.trainers.world,
-                                   self.gas, (self.recipe.train.seed, step, 2))
+        plan, tokens = plan_update(
+            samples,
+            self.recipe.train.num_mini_batches,
+            self.trainers.world,
+            self.gas,
+            (self.recipe.train.seed, step, 2),
+        )
         return self.trainers.update(plan, tokens)
 
     async def _push_weights(self) -> None:
@@ -305,10 +364,18 @@ class StageRun:
 
         rep.phase("eval")
         r = self.recipe
-        agent = self._agent_config(request_seed_base(r.train.seed, step, eval_pass=True), r.eval.temperature)
+        agent = self._agent_config(
+            request_seed_base(r.train.seed, step, eval_pass=True), r.eval.temperature
+        )
         sched = SchedulerConfig(policy=r.rollout.scheduler, kv_mode=r.rollout.kv_mode)
         records, _, _ = await rollout_and_grade(
-            self.engines, make_items(self.eval_problems, 1), self.tokenizer, agent, sched, tools, grader
+            self.engines,
+            make_items(self.eval_problems, 1),
+            self.tokenizer,
+            agent,
+            sched,
+            tools,
+            grader,
         )
         return sum(rec["reward"] for rec in records) / max(len(records), 1)
 
@@ -316,7 +383,11 @@ class StageRun:
         from rstar2cli.train_utils import prune_checkpoints, rng_state
 
         r = self.recipe
-        client = {"step": step, "data_cursor": step * r.rollout.num_prompts_per_step, "rng": rng_state()}
+        client = {
+            "step": step,
+            "data_cursor": step * r.rollout.num_prompts_per_step,
+            "rng": rng_state(),
+        }
         self.trainers.save_checkpoint(self.ckpt_dir, step, client)
         prune_checkpoints(self.ckpt_dir, r.checkpoint.keep_last)
         self._plot()
@@ -341,7 +412,9 @@ def run_stage(recipe: RlRecipe, opts: StageOptions) -> Path:
         check_sandboxes(recipe.sandbox.urls)
     tokenizer = AutoTokenizer.from_pretrained(recipe.model)
     d, max_prompt = recipe.data, recipe.rollout.max_prompt_tokens
-    problems, num_long = drop_long_prompts(load_problems(d.train, max_problems=d.max_problems), tokenizer, d.template, max_prompt)
+    problems, num_long = drop_long_prompts(
+        load_problems(d.train, max_problems=d.max_problems), tokenizer, d.template, max_prompt
+    )
     if not problems:
         raise UserError(f"every problem of {d.train} has a prompt over {max_prompt} tokens")
     eval_problems: list[dict[str, Any]] = []

@@ -125,7 +125,9 @@ def collate(samples: list[TrainSample], pad_id: int) -> dict[str, Any]:
 class PolicyTrainer:
     """One data-parallel rank: the DeepSpeed engine and what it does for an RL step."""
 
-    def __init__(self, model_path: str, cfg: RlTrainConfig, gas: int, rank: int = 0, world: int = 1):
+    def __init__(
+        self, model_path: str, cfg: RlTrainConfig, gas: int, rank: int = 0, world: int = 1
+    ):
         import deepspeed
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -135,19 +137,26 @@ class PolicyTrainer:
         bf16 = cfg.precision == "bf16" or (cfg.precision == "auto" and self.on_gpu)
         torch.manual_seed(cfg.seed)
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
-        self.pad_id = int(self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None
-                          else self.tokenizer.convert_tokens_to_ids(P.IM_END))
+        self.pad_id = int(
+            self.tokenizer.pad_token_id
+            if self.tokenizer.pad_token_id is not None
+            else self.tokenizer.convert_tokens_to_ids(P.IM_END)
+        )
         model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
         model.config.use_cache = False
         optimizer = torch.optim.AdamW(
-            model.parameters(), lr=cfg.lr, betas=(cfg.adam_beta1, cfg.adam_beta2),
+            model.parameters(),
+            lr=cfg.lr,
+            betas=(cfg.adam_beta1, cfg.adam_beta2),
             weight_decay=cfg.weight_decay,
         )
         scheduler = torch.optim.lr_scheduler.LambdaLR(
             optimizer, lambda s: lr_factor(s, cfg.warmup_steps)
         )
         self.engine, _, _, _ = deepspeed.initialize(
-            model=model, optimizer=optimizer, lr_scheduler=scheduler,
+            model=model,
+            optimizer=optimizer,
+            lr_scheduler=scheduler,
             config=ds_config(cfg, gas, world, bf16),
         )
         self.ref_model = None
@@ -159,8 +168,11 @@ class PolicyTrainer:
 
     def _logits(self, model: Any, batch: dict[str, Any]) -> Any:
         dev = self.engine.device
-        out = model(input_ids=batch["input_ids"].to(dev), attention_mask=batch["attention_mask"].to(dev),
-                    use_cache=False)
+        out = model(
+            input_ids=batch["input_ids"].to(dev),
+            attention_mask=batch["attention_mask"].to(dev),
+            use_cache=False,
+        )
         return out.logits[:, batch["start"] : -1]  # [B, L-1-start, V]
 
     def _no_grad_logprobs(self, model: Any, samples: list[TrainSample]) -> Any:
@@ -170,23 +182,31 @@ class PolicyTrainer:
             return None
         with torch.no_grad():
             batch = collate(samples, self.pad_id)
-            return token_logprobs(self._logits(model, batch), batch["targets"].to(self.engine.device))
+            return token_logprobs(
+                self._logits(model, batch), batch["targets"].to(self.engine.device)
+            )
 
     def old_logprobs(self, plan: list[list[list[TrainSample]]]) -> list[list[Any]]:
         """Log-probs of every planned micro-batch under the current weights (before any step)."""
         self.engine.eval()
         try:
-            return [[self._no_grad_logprobs(self.engine.module, mb) for mb in mini] for mini in plan]
+            return [
+                [self._no_grad_logprobs(self.engine.module, mb) for mb in mini] for mini in plan
+            ]
         finally:
             self.engine.train()
 
     # -- update -----------------------------------------------------------------------------
 
-    def update(self, plan: list[list[list[TrainSample]]], mini_batch_tokens: list[int]) -> UpdateSums:
+    def update(
+        self, plan: list[list[list[TrainSample]]], mini_batch_tokens: list[int]
+    ) -> UpdateSums:
         """Run this rank's share of one RL step; `mini_batch_tokens[m]` counts model tokens of
         mini-batch m over all ranks."""
         if any(len(mini) != self.gas for mini in plan):
-            raise ValueError(f"every mini-batch needs exactly {self.gas} micro-batches on each rank")
+            raise ValueError(
+                f"every mini-batch needs exactly {self.gas} micro-batches on each rank"
+            )
         old = self.old_logprobs(plan)
         ref = None
         if self.ref_model is not None:
@@ -200,8 +220,14 @@ class PolicyTrainer:
             sums.grad_norms.append(float(norm) if norm is not None else None)
         return sums
 
-    def _micro_step(self, samples: list[TrainSample], old_lp: Any, ref_lp: Any,
-                    num_batch_tokens: int, sums: UpdateSums) -> None:
+    def _micro_step(
+        self,
+        samples: list[TrainSample],
+        old_lp: Any,
+        ref_lp: Any,
+        num_batch_tokens: int,
+        sums: UpdateSums,
+    ) -> None:
         import torch
 
         scale = self.gas * self.world
@@ -219,9 +245,17 @@ class PolicyTrainer:
             with torch.no_grad():
                 entropy = token_entropy(logits.detach())  # [B, T], metric only
         loss, metrics = ppo_clip_loss(
-            logprobs, old_lp, batch["advantages"].to(dev), batch["mask"].to(dev),
-            eps_low=cfg.eps_low, eps_high=cfg.eps_high, ref_logprobs=ref_lp, kl_coef=cfg.kl_coef,
-            entropy=entropy, entropy_coef=cfg.entropy_coef, num_batch_tokens=num_batch_tokens,
+            logprobs,
+            old_lp,
+            batch["advantages"].to(dev),
+            batch["mask"].to(dev),
+            eps_low=cfg.eps_low,
+            eps_high=cfg.eps_high,
+            ref_logprobs=ref_lp,
+            kl_coef=cfg.kl_coef,
+            entropy=entropy,
+            entropy_coef=cfg.entropy_coef,
+            num_batch_tokens=num_batch_tokens,
         )
         self.engine.backward(loss * scale)
         self.engine.step()
@@ -252,19 +286,24 @@ class PolicyTrainer:
 
         params = list(self.engine.module.parameters())
         with deepspeed.zero.GatheredParameters(params, enabled=self.cfg.zero_stage == 3):
-            return {k: v.detach().to("cpu").clone() for k, v in self.engine.module.state_dict().items()}
+            return {
+                k: v.detach().to("cpu").clone() for k, v in self.engine.module.state_dict().items()
+            }
 
     def save_checkpoint(self, ckpt_dir: Path, step: int, client_state: dict[str, Any]) -> None:
         """Collective: every rank calls it. Writes ckpt_dir/step<N> and ckpt_dir/latest."""
         self.engine.save_checkpoint(str(ckpt_dir), tag=f"step{step}", client_state=client_state)
 
-    def load_checkpoint(self, ckpt_dir: Path, module_only: bool = False,
-                        with_scheduler: bool = True) -> dict[str, Any] | None:
+    def load_checkpoint(
+        self, ckpt_dir: Path, module_only: bool = False, with_scheduler: bool = True
+    ) -> dict[str, Any] | None:
         """Load the newest checkpoint of ckpt_dir; returns its client state (None: nothing there)."""
         if not (ckpt_dir / "latest").exists():
             return None
         _, client = self.engine.load_checkpoint(
-            str(ckpt_dir), load_module_only=module_only, load_optimizer_states=not module_only,
+            str(ckpt_dir),
+            load_module_only=module_only,
+            load_optimizer_states=not module_only,
             load_lr_scheduler_states=with_scheduler and not module_only,
         )
         return client or {}
@@ -294,8 +333,13 @@ def accumulation_steps(max_trajectories: int, cfg: RlTrainConfig, world: int) ->
     return max(1, math.ceil(per_mini / (cfg.micro_batch_size * world)))
 
 
-def plan_update(samples: list[TrainSample], num_mini_batches: int, world: int, gas: int,
-                seed_key: tuple[int, ...]) -> tuple[list[list[list[list[TrainSample]]]], list[int]]:
+def plan_update(
+    samples: list[TrainSample],
+    num_mini_batches: int,
+    world: int,
+    gas: int,
+    seed_key: tuple[int, ...],
+) -> tuple[list[list[list[list[TrainSample]]]], list[int]]:
     """Split kept trajectories into mini-batches, then into `world` x `gas` micro-batches.
 
     Returns (plan[rank][mini][micro] -> samples, model tokens per mini-batch). Mini-batches are a
@@ -312,7 +356,9 @@ def plan_update(samples: list[TrainSample], num_mini_batches: int, world: int, g
     plan = [[[[] for _ in range(gas)] for _ in minis] for _ in range(world)]
     tokens = []
     for m, idx in enumerate(minis):
-        ranked = sorted(idx, key=lambda i: (-len(samples[i].response_ids) - len(samples[i].prompt_ids), i))
+        ranked = sorted(
+            idx, key=lambda i: (-len(samples[i].response_ids) - len(samples[i].prompt_ids), i)
+        )
         for slot, i in enumerate(ranked):
             plan[slot % world][m][(slot // world) % gas].append(samples[i])
         tokens.append(sum(samples[i].num_model_tokens for i in idx))

@@ -53,8 +53,9 @@ class LocalTrainers:
     def save_checkpoint(self, ckpt_dir: Path, step: int, client_state: dict[str, Any]) -> None:
         self.trainer.save_checkpoint(ckpt_dir, step, client_state)
 
-    def load_checkpoint(self, ckpt_dir: Path, module_only: bool = False,
-                        with_scheduler: bool = True) -> dict[str, Any] | None:
+    def load_checkpoint(
+        self, ckpt_dir: Path, module_only: bool = False, with_scheduler: bool = True
+    ) -> dict[str, Any] | None:
         return self.trainer.load_checkpoint(ckpt_dir, module_only, with_scheduler)
 
     def save_hf(self, out_dir: Path) -> None:
@@ -85,10 +86,15 @@ class TrainerActor:
             port = int(s.getsockname()[1])
         return ray.util.get_node_ip_address(), port
 
-    def build(self, model_path: str, cfg: RlTrainConfig, gas: int, master_addr: str, master_port: int) -> None:
+    def build(
+        self, model_path: str, cfg: RlTrainConfig, gas: int, master_addr: str, master_port: int
+    ) -> None:
         os.environ.update(
-            RANK=str(self.rank), WORLD_SIZE=str(self.world), LOCAL_RANK="0",
-            MASTER_ADDR=master_addr, MASTER_PORT=str(master_port),
+            RANK=str(self.rank),
+            WORLD_SIZE=str(self.world),
+            LOCAL_RANK="0",
+            MASTER_ADDR=master_addr,
+            MASTER_PORT=str(master_port),
         )
         init_distributed()
         self.trainer = PolicyTrainer(model_path, cfg, gas, rank=self.rank, world=self.world)
@@ -110,8 +116,15 @@ class TrainerActor:
 
 
 class RayTrainers:
-    def __init__(self, model_path: str, cfg: RlTrainConfig, gas: int, num_ranks: int,
-                 ray_address: str | None, num_cpus_per_rank: float = 1.0):
+    def __init__(
+        self,
+        model_path: str,
+        cfg: RlTrainConfig,
+        gas: int,
+        num_ranks: int,
+        ray_address: str | None,
+        num_cpus_per_rank: float = 1.0,
+    ):
         import ray
 
         if not ray.is_initialized():
@@ -121,7 +134,9 @@ class RayTrainers:
         options["runtime_env"] = {"env_vars": {"DS_ACCELERATOR": "cuda" if has_gpus else "cpu"}}
         actor_cls = ray.remote(TrainerActor)
         threads = max(1, int(num_cpus_per_rank))
-        self.actors = [actor_cls.options(**options).remote(r, num_ranks, threads) for r in range(num_ranks)]
+        self.actors = [
+            actor_cls.options(**options).remote(r, num_ranks, threads) for r in range(num_ranks)
+        ]
         self.world = num_ranks
         addr, port = ray.get(self.actors[0].rendezvous.remote())
         ray.get([a.build.remote(model_path, cfg, gas, addr, port) for a in self.actors])
@@ -129,7 +144,9 @@ class RayTrainers:
     def update(self, plans: list[Any], tokens: list[int]) -> list[UpdateSums]:
         import ray
 
-        return ray.get([a.update.remote(p, tokens) for a, p in zip(self.actors, plans, strict=False)])
+        return ray.get(
+            [a.update.remote(p, tokens) for a, p in zip(self.actors, plans, strict=False)]
+        )
 
     def named_weights(self) -> dict[str, Any]:
         import ray
@@ -141,12 +158,17 @@ class RayTrainers:
 
         ray.get([a.save_checkpoint.remote(str(ckpt_dir), step, client_state) for a in self.actors])
 
-    def load_checkpoint(self, ckpt_dir: Path, module_only: bool = False,
-                        with_scheduler: bool = True) -> dict[str, Any] | None:
+    def load_checkpoint(
+        self, ckpt_dir: Path, module_only: bool = False, with_scheduler: bool = True
+    ) -> dict[str, Any] | None:
         import ray
 
-        out = ray.get([a.load_checkpoint.remote(str(ckpt_dir), module_only, with_scheduler)
-                       for a in self.actors])
+        out = ray.get(
+            [
+                a.load_checkpoint.remote(str(ckpt_dir), module_only, with_scheduler)
+                for a in self.actors
+            ]
+        )
         return out[0]
 
     def save_hf(self, out_dir: Path) -> None:

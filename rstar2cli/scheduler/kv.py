@@ -93,7 +93,9 @@ class KVLedger:
             return False
         self._used[res.engine] += new - res.num_tokens
         res.num_tokens = new
-        self.max_used_tokens[res.engine] = max(self.max_used_tokens[res.engine], self._used[res.engine])
+        self.max_used_tokens[res.engine] = max(
+            self.max_used_tokens[res.engine], self._used[res.engine]
+        )
         return True
 
     def release(self, key: object) -> Reservation | None:

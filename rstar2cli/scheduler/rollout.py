@@ -149,7 +149,9 @@ class _Run:
     def add(self, key: int, item: dict[str, Any]) -> None:
         question = str(item["question"])
         if question not in self._prompt_cache:
-            self._prompt_cache[question] = prompt_ids_for(question, self.tokenizer, self.config.template)
+            self._prompt_cache[question] = prompt_ids_for(
+                question, self.tokenizer, self.config.template
+            )
         prompt_ids = self._prompt_cache[question]
         self.trajs[key] = self.make_trajectory(item, prompt_ids)
         self.sched.add(key, len(prompt_ids), self.config.max_response_tokens)
@@ -193,7 +195,9 @@ class _Run:
         else:
             self.num_generated_tokens += len(out.token_ids)
             nxt = traj.on_generated(out)
-        status = {Next.DONE: Status.DONE, Next.TOOL: Status.TOOL, Next.GENERATE: Status.WAITING}[nxt]
+        status = {Next.DONE: Status.DONE, Next.TOOL: Status.TOOL, Next.GENERATE: Status.WAITING}[
+            nxt
+        ]
         self.sched.on_generated(key, traj.num_tokens, status)
         if nxt == Next.DONE:
             self._emit(key)

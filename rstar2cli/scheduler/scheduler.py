@@ -81,7 +81,9 @@ class SchedulerConfig:
         if self.policy not in POLICIES:
             raise ValueError(f"unknown policy {self.policy!r}; choose one of {', '.join(POLICIES)}")
         if self.kv_mode not in KV_MODES:
-            raise ValueError(f"unknown kv mode {self.kv_mode!r}; choose one of {', '.join(KV_MODES)}")
+            raise ValueError(
+                f"unknown kv mode {self.kv_mode!r}; choose one of {', '.join(KV_MODES)}"
+            )
         if self.step_tokens < 1:
             raise ValueError(f"step_tokens must be >= 1, got {self.step_tokens}")
         if self.max_active_per_engine is not None and self.max_active_per_engine < 1:
@@ -168,7 +170,10 @@ class Scheduler:
         self._max_free = max(self.ledger.free(e) for e in range(self.num_engines))
         self._pending = [0] * self.num_engines
         for key in list(self._ready):
-            if self._per_turn() and self.ledger.round_up(self._admit_tokens(self.slots[key])) > self._max_free:
+            if (
+                self._per_turn()
+                and self.ledger.round_up(self._admit_tokens(self.slots[key])) > self._max_free
+            ):
                 continue  # fits nowhere; skip the per-engine scan (cheap with thousands waiting)
             d = self._continue(key)
             if d is not None:
@@ -194,7 +199,9 @@ class Scheduler:
             self._finish(slot)
             return
         if self._incremental() and next_status is Status.TOOL:
-            self.ledger.resize(key, num_tokens)  # keep the context (its prefix cache) while the tool runs
+            self.ledger.resize(
+                key, num_tokens
+            )  # keep the context (its prefix cache) while the tool runs
         elif self._stepwise():
             self.ledger.release(key)
         slot.status = next_status
@@ -247,7 +254,9 @@ class Scheduler:
         return slot.remaining_tokens
 
     def _admit_tokens(self, slot: Slot) -> int:
-        return slot.num_tokens + self._gen_tokens(slot) if self._stepwise() else slot.worst_case_tokens
+        return (
+            slot.num_tokens + self._gen_tokens(slot) if self._stepwise() else slot.worst_case_tokens
+        )
 
     def _fits_anywhere_empty(self, slot: Slot) -> bool:
         # incremental: every later step must fit its engine too, so the whole trajectory must
@@ -319,7 +328,11 @@ class Scheduler:
             return False
         slot.step_cap = step
         need = self._admit_tokens(slot)
-        ok = self.ledger.resize(slot.key, need) if held_tokens else self.ledger.reserve(slot.key, slot.engine, need)
+        ok = (
+            self.ledger.resize(slot.key, need)
+            if held_tokens
+            else self.ledger.reserve(slot.key, slot.engine, need)
+        )
         if not ok:
             slot.step_cap = None
         return ok

@@ -142,8 +142,14 @@ class VllmEngine:
             # NOTE: on CPU a request whose prompt is prefilled in chunks makes vLLM rewind its
             # seeded generator, which CPU generators cannot do ("CPU Generator does not use
             # offset"); whole-prompt prefill keeps per-request seeds (reproducible rollouts).
-            **({} if on_gpu else {"enable_chunked_prefill": False,
-                                  "max_num_batched_tokens": max(max_model_len, 2048)}),
+            **(
+                {}
+                if on_gpu
+                else {
+                    "enable_chunked_prefill": False,
+                    "max_num_batched_tokens": max(max_model_len, 2048),
+                }
+            ),
             disable_log_stats=True,  # default loggers off; our recorder still gets every step
         )
         self.stats = VllmStats()

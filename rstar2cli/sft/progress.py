@@ -37,7 +37,9 @@ class Reporter:
     def __enter__(self) -> Reporter:
         if not self.enabled:
             return self
-        self._metrics, self._tb = open_run_logs(self.out, self.start_step, self.recipe.log.tensorboard)
+        self._metrics, self._tb = open_run_logs(
+            self.out, self.start_step, self.recipe.log.tensorboard
+        )
         self._start_bar()
         return self
 

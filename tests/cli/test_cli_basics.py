@@ -15,10 +15,7 @@ def _run(*args: str) -> subprocess.CompletedProcess:
 
 
 def test_importing_the_cli_imports_no_heavy_library():
-    code = (
-        "import sys, rstar2cli.cli; "
-        f"print(','.join(m for m in {HEAVY!r} if m in sys.modules))"
-    )
+    code = f"import sys, rstar2cli.cli; print(','.join(m for m in {HEAVY!r} if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "", f"heavy modules imported at CLI import: {out.stdout.strip()}"

@@ -25,6 +25,7 @@ def _flat(text: str) -> str:
     """Output with rich's line wrapping undone (it wraps at the terminal width)."""
     return " ".join(text.split())
 
+
 RSTAR2 = [sys.executable, "-m", "rstar2cli.cli"]
 EVAL_DIR = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "eval"
 needs_eval = pytest.mark.skipif(
@@ -172,7 +173,9 @@ def test_finished_results_are_skipped_and_summarised_for_every_label(tmp_path):
     )
     assert res.returncode == 0, res.stderr
     assert "0 trajectories to run" in _flat(res.stdout)
-    assert "temperature 0.6, max 30 turns, 30000 response tokens" in _flat(res.stdout)  # says what it runs
+    assert "temperature 0.6, max 30 turns, 30000 response tokens" in _flat(
+        res.stdout
+    )  # says what it runs
     assert len((out / "results.jsonl").read_text().splitlines()) == 8  # nothing added
     summary = json.loads((out / "summary.json").read_text())["labels"]
     s1, s2 = summary["stage1"]["benchmarks"]["mini"], summary["stage2"]["benchmarks"]["mini"]
@@ -188,7 +191,9 @@ def test_finished_results_are_skipped_and_summarised_for_every_label(tmp_path):
     assert s1["finish_reasons"] == {"answer": 3, "budget": 1}
     assert summary["stage2"]["settings"]["temperature"] == 0.6  # this run's label
     assert (out / "eval.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert "75.0" in _flat(res.stdout) and "25.0" in _flat(res.stdout)  # the table shows both labels
+    assert "75.0" in _flat(res.stdout) and "25.0" in _flat(
+        res.stdout
+    )  # the table shows both labels
 
     # the same label with other sampling settings is refused, before any work
     again = _cli(

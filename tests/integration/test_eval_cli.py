@@ -30,6 +30,7 @@ def _flat(text: str) -> str:
     """Output with rich's line wrapping undone (it wraps at the terminal width)."""
     return " ".join(text.split())
 
+
 pytestmark = pytest.mark.integration
 
 RSTAR2 = [sys.executable, "-m", "rstar2cli.cli"]

@@ -40,10 +40,20 @@ PROBLEMS = [
     {"id": "p3", "question": "Compute 6*11-7.", "answer": "59"},
 ]
 SETS = [
-    "rollout.num_prompts_per_step=2", "rollout.num_samples_per_prompt=4", "roc.group_size=2",
-    "rollout.max_response_tokens=96", "rollout.max_turns=3", "rollout.kv_cache_tokens=4096",
-    "train.num_steps=2", "train.lr=1.0e-3", "train.warmup_steps=1", "train.micro_batch_size=4",
-    "checkpoint.every_steps=1", "eval.every_steps=1", "eval.num_problems=2", "log.tensorboard=true",
+    "rollout.num_prompts_per_step=2",
+    "rollout.num_samples_per_prompt=4",
+    "roc.group_size=2",
+    "rollout.max_response_tokens=96",
+    "rollout.max_turns=3",
+    "rollout.kv_cache_tokens=4096",
+    "train.num_steps=2",
+    "train.lr=1.0e-3",
+    "train.warmup_steps=1",
+    "train.micro_batch_size=4",
+    "checkpoint.every_steps=1",
+    "eval.every_steps=1",
+    "eval.num_problems=2",
+    "log.tensorboard=true",
     "reward.num_workers=1",
 ]
 
@@ -63,15 +73,19 @@ def _prime(model_dir: Path, out: Path, num_steps: int = 120) -> Path:
     torch.set_num_threads(1)
     tok = AutoTokenizer.from_pretrained(model_dir)
     rng = random.Random(0)
-    examples = [tokenize_chat(make_transcript(p, rng, with_error=i % 2 == 1), tok, "paper", 1024, p["id"])
-                for i, p in enumerate(PROBLEMS)]
+    examples = [
+        tokenize_chat(make_transcript(p, rng, with_error=i % 2 == 1), tok, "paper", 1024, p["id"])
+        for i, p in enumerate(PROBLEMS)
+    ]
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
     for step in range(num_steps):
         ex = examples[step % len(examples)]
         ids = torch.tensor([ex.input_ids])
-        labels = torch.tensor([[t if m else -100 for t, m in zip(ex.input_ids, ex.loss_mask, strict=False)]])
+        labels = torch.tensor(
+            [[t if m else -100 for t, m in zip(ex.input_ids, ex.loss_mask, strict=False)]]
+        )
         loss = model(input_ids=ids, labels=labels).loss
         opt.zero_grad()
         loss.backward()
@@ -99,23 +113,49 @@ def setup(tiny_model_dir, tmp_path_factory):
 
 
 def _cmd(setup: dict, out: Path) -> list[str]:
-    cmd = [sys.executable, "-m", "rstar2cli.cli", "rl-stage", "--recipe", str(REPO / "recipes/tiny/rl.yaml"),
-           "--out", str(out), "--init-from", str(setup["model"]), "--sandbox", setup["url"],
-           "--set", f"data.train={setup['root'] / 'train.jsonl'}", "--set", f"data.eval={setup['root'] / 'test.jsonl'}"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "rstar2cli.cli",
+        "rl-stage",
+        "--recipe",
+        str(REPO / "recipes/tiny/rl.yaml"),
+        "--out",
+        str(out),
+        "--init-from",
+        str(setup["model"]),
+        "--sandbox",
+        setup["url"],
+        "--set",
+        f"data.train={setup['root'] / 'train.jsonl'}",
+        "--set",
+        f"data.eval={setup['root'] / 'test.jsonl'}",
+    ]
     for s in SETS:
         cmd += ["--set", s]
     return cmd
 
 
 def _run(cmd: list[str], timeout_s: float = 600) -> subprocess.CompletedProcess:
-    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout_s,
-                          start_new_session=True, env=ENV)
+    proc = subprocess.run(
+        cmd,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        start_new_session=True,
+        env=ENV,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc
 
 
 def _rows(out: Path) -> list[dict]:
-    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    return [
+        json.loads(line)
+        for line in (out / "metrics.jsonl").read_text().splitlines()
+        if line.strip()
+    ]
 
 
 def _weights(folder: Path) -> dict:
@@ -146,7 +186,13 @@ def test_two_steps_write_everything(setup):
     for row in rows[1:]:
         assert row["num_rollouts"] == 2 * 4
         assert 0.0 <= row["reward"] <= 1.0 and row["num_kept"] <= 2 * 2
-        for key in ("time_rollout_s", "time_grade_s", "time_update_s", "time_sync_s", "response_tokens"):
+        for key in (
+            "time_rollout_s",
+            "time_grade_s",
+            "time_update_s",
+            "time_sync_s",
+            "response_tokens",
+        ):
             assert row[key] >= 0.0
         assert "eval_accuracy" in row
     trained = [r for r in rows[1:] if r["num_kept"] > 0]
@@ -154,7 +200,10 @@ def test_two_steps_write_everything(setup):
     assert all(0.0 <= r["clip_frac"] <= 1.0 and r["entropy"] > 0 and r["lr"] > 0 for r in trained)
     assert (out / "checkpoints" / "latest").is_file() and (out / "curves.png").stat().st_size > 0
     assert list((out / "tb").glob("events.*"))
-    assert "sandbox:" in (out / "recipe.yaml").read_text() and setup["url"] in (out / "recipe.yaml").read_text()
+    assert (
+        "sandbox:" in (out / "recipe.yaml").read_text()
+        and setup["url"] in (out / "recipe.yaml").read_text()
+    )
     before, after = _weights(setup["model"]), _weights(out / "final")
     assert any(not torch.equal(before[k], after[k]) for k in before)
 
@@ -163,12 +212,20 @@ def test_kill_during_step_two_then_resume_matches(setup, uninterrupted):
     import torch
 
     out = setup["root"] / "run_b"
-    proc = subprocess.Popen(_cmd(setup, out) + HF, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True, env=ENV)
+    proc = subprocess.Popen(
+        _cmd(setup, out) + HF,
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+        env=ENV,
+    )
     try:
         deadline = time.monotonic() + 600
         # step 1 is checkpointed once checkpoints/latest names step1; kill while step 2 runs
-        while not ((out / "checkpoints" / "latest").is_file() and (out / "checkpoints" / "step1").is_dir()):
+        while not (
+            (out / "checkpoints" / "latest").is_file() and (out / "checkpoints" / "step1").is_dir()
+        ):
             assert proc.poll() is None, "the run ended before step 1 was checkpointed"
             assert time.monotonic() < deadline
             time.sleep(0.2)
@@ -184,7 +241,9 @@ def test_kill_during_step_two_then_resume_matches(setup, uninterrupted):
     assert [r["step"] for r in b] == [0, 1, 2]
     drop = ("time_rollout_s", "time_grade_s", "time_update_s", "time_sync_s", "time_step_s")
     for ra, rb in zip(a, b, strict=False):
-        assert {k: v for k, v in ra.items() if k not in drop} == {k: v for k, v in rb.items() if k not in drop}
+        assert {k: v for k, v in ra.items() if k not in drop} == {
+            k: v for k, v in rb.items() if k not in drop
+        }
     wa, wb = _weights(uninterrupted / "final"), _weights(out / "final")
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
 
@@ -194,9 +253,18 @@ def test_ray_two_engine_actors_two_trainer_ranks(setup):
     import torch
 
     out = setup["root"] / "run_ray"
-    cmd = _cmd(setup, out) + ["--ray-address", "local", "--set", "rollout.num_engines=2",
-                              "--set", "train.num_trainer_ranks=2", "--set", "train.num_steps=1",
-                              "--set", "eval.every_steps=0"]
+    cmd = _cmd(setup, out) + [
+        "--ray-address",
+        "local",
+        "--set",
+        "rollout.num_engines=2",
+        "--set",
+        "train.num_trainer_ranks=2",
+        "--set",
+        "train.num_steps=1",
+        "--set",
+        "eval.every_steps=0",
+    ]
     _run(cmd)
     rows = _rows(out)
     assert [r["step"] for r in rows] == [1]

@@ -22,14 +22,27 @@ from rstar2cli import protocol as P
 
 RSTAR2 = [sys.executable, "-m", "rstar2cli.cli"]
 RECORD_KEYS = {
-    "id", "sample", "question", "answer", "prompt_ids", "response_ids", "loss_mask", "text",
-    "tool_calls", "num_turns", "num_answer_tags", "finish_reason", "extracted",
+    "id",
+    "sample",
+    "question",
+    "answer",
+    "prompt_ids",
+    "response_ids",
+    "loss_mask",
+    "text",
+    "tool_calls",
+    "num_turns",
+    "num_answer_tags",
+    "finish_reason",
+    "extracted",
 }
 
 
 def _cli(*args, timeout=600):
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
-    return subprocess.run([*RSTAR2, *map(str, args)], capture_output=True, text=True, timeout=timeout, env=env)
+    return subprocess.run(
+        [*RSTAR2, *map(str, args)], capture_output=True, text=True, timeout=timeout, env=env
+    )
 
 
 def _problems(path, num=3):
@@ -49,7 +62,10 @@ def test_bad_inputs_fail_with_one_line_before_any_work(tmp_path, tiny_model_dir)
     cases = [
         (["--model", tmp_path / "missing", "--data", data], "model path not found"),
         (["--model", tiny_model_dir, "--data", no_q], "no questions in"),
-        (["--model", tiny_model_dir, "--data", data, "--sandbox", "http://127.0.0.1:9"], "no sandbox answered"),
+        (
+            ["--model", tiny_model_dir, "--data", data, "--sandbox", "http://127.0.0.1:9"],
+            "no sandbox answered",
+        ),
         (["--model", tiny_model_dir, "--data", data, "--scheduler", "fifo"], "unknown policy"),
     ]
     for args, message in cases:
@@ -67,8 +83,25 @@ def test_rollout_two_vllm_engines_real_daemon_then_resume(tmp_path, tiny_model_d
     data = tmp_path / "p.jsonl"
     problems = _problems(data)
     out = tmp_path / "traces.jsonl"
-    common = ["rollout", "--model", tiny_model_dir, "--data", data, "--out", out, "--engines", 2,
-              "--engine", "vllm", "--max-turns", 3, "--max-response-tokens", 48, "--seed", 1]
+    common = [
+        "rollout",
+        "--model",
+        tiny_model_dir,
+        "--data",
+        data,
+        "--out",
+        out,
+        "--engines",
+        2,
+        "--engine",
+        "vllm",
+        "--max-turns",
+        3,
+        "--max-response-tokens",
+        48,
+        "--seed",
+        1,
+    ]
     with spawn_daemon(workers=2) as daemon:
         first = _cli(*common, "--n", 2, "--sandbox", daemon.url)
         assert first.returncode == 0, first.stderr[-3000:]
@@ -111,14 +144,23 @@ def test_forced_tool_call_runs_in_daemon_and_vllm_continues(tiny_model_dir):
 
     tok = AutoTokenizer.from_pretrained(str(tiny_model_dir))
     question = "Compute 37*41+5."
-    forced = tok.encode("I compute.\n" + P.format_tool_call("print(37*41+5)") + P.IM_END, add_special_tokens=False)
+    forced = tok.encode(
+        "I compute.\n" + P.format_tool_call("print(37*41+5)") + P.IM_END, add_special_tokens=False
+    )
     config = AgentConfig(max_turns=4, max_response_tokens=160, temperature=0.0)
 
     async def go(url):
-        (engine,) = make_engines(str(tiny_model_dir), 1, kind="vllm", max_model_len=1024, kv_cache_tokens=16384)
+        (engine,) = make_engines(
+            str(tiny_model_dir), 1, kind="vllm", max_model_len=1024, kv_cache_tokens=16384
+        )
         client = SandboxClient([url])
         try:
-            traj = Trajectory({"id": "f", "sample": 0, "question": question}, prompt_ids_for(question, tok), tok, config)
+            traj = Trajectory(
+                {"id": "f", "sample": 0, "question": question},
+                prompt_ids_for(question, tok),
+                tok,
+                config,
+            )
             traj.sampling_spec()
             assert traj.on_generated(GenOutput(forced, None, "stop")) == Next.TOOL
             tools = ToolBatcher(client)
@@ -127,7 +169,9 @@ def test_forced_tool_call_runs_in_daemon_and_vllm_continues(tiny_model_dir):
             while nxt != Next.DONE:
                 if nxt == Next.GENERATE:
                     contexts.append(list(traj.context_ids))
-                    out = await engine.generate(f"f-{len(contexts)}", traj.context_ids, traj.sampling_spec())
+                    out = await engine.generate(
+                        f"f-{len(contexts)}", traj.context_ids, traj.sampling_spec()
+                    )
                     nxt = traj.on_generated(out)
                 else:
                     job = traj.tool_job()
@@ -140,11 +184,18 @@ def test_forced_tool_call_runs_in_daemon_and_vllm_continues(tiny_model_dir):
     with spawn_daemon(workers=2) as daemon:
         rec, contexts = asyncio.run(go(daemon.url))
     chunk = tok.encode(P.render_tool_response("1522"), add_special_tokens=False)
-    assert rec["tool_calls"][0]["status"] == "ok" and rec["tool_calls"][0]["code"] == "print(37*41+5)"
+    assert (
+        rec["tool_calls"][0]["status"] == "ok" and rec["tool_calls"][0]["code"] == "print(37*41+5)"
+    )
     assert rec["response_ids"][: len(forced) + len(chunk)] == forced + chunk
     assert rec["loss_mask"][: len(forced) + len(chunk)] == [1] * len(forced) + [0] * len(chunk)
     # the engine continued from exactly prompt + forced turn + tool chunk, and produced tokens
     assert contexts[0] == rec["prompt_ids"] + forced + chunk
     assert len(rec["response_ids"]) > len(forced) + len(chunk)
     assert rec["loss_mask"][len(forced) + len(chunk)] == 1
-    assert rec["num_turns"] >= 2 and rec["finish_reason"] in ("answer", "no_answer", "max_turns", "budget")
+    assert rec["num_turns"] >= 2 and rec["finish_reason"] in (
+        "answer",
+        "no_answer",
+        "max_turns",
+        "budget",
+    )

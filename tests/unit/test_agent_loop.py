@@ -117,7 +117,9 @@ def test_tool_call_then_answer_layout_mask_and_record(tok):
     rec, engine, runner = run_one(tok, [turn1, ANSWER])
     assert rec["finish_reason"] == "answer" and rec["num_turns"] == 2
     assert [c["status"] for c in rec["tool_calls"]] == ["ok"]
-    assert rec["tool_calls"][0]["code"] == "print(37*41+5)" and rec["tool_calls"][0]["duration_s"] > 0
+    assert (
+        rec["tool_calls"][0]["code"] == "print(37*41+5)" and rec["tool_calls"][0]["duration_s"] > 0
+    )
     chunk = ids(tok, P.render_tool_response("1522"))
     t1, t2 = ids(tok, turn1), ids(tok, ANSWER)
     assert rec["response_ids"] == t1 + chunk + t2  # ids appended, never re-rendered
@@ -233,19 +235,28 @@ def test_rollout_driver_with_two_scripted_engines(tok, policy):
     scripts = {f"t{k}": [turn1, ANSWER] if k % 2 else [ANSWER] for k in range(len(items))}
     prompt_len = len(prompt_ids_for(items[0]["question"], tok))
     # each engine holds two worst-case reservations: the kv policy must queue the rest
-    engines = [ScriptedEngine(tok, scripts, capacity_tokens=2 * (prompt_len + 300)) for _ in range(2)]
+    engines = [
+        ScriptedEngine(tok, scripts, capacity_tokens=2 * (prompt_len + 300)) for _ in range(2)
+    ]
     records = []
 
     async def go():
         async with LocalSandbox(num_workers=2, timeout_s=5.0) as sandbox:
             return await run_rollout(
-                engines, items, tok, AgentConfig(max_response_tokens=300),
-                SchedulerConfig(policy=policy, max_active_per_engine=2), ToolBatcher(sandbox),
-                records.append, sample_every_s=0.01,
+                engines,
+                items,
+                tok,
+                AgentConfig(max_response_tokens=300),
+                SchedulerConfig(policy=policy, max_active_per_engine=2),
+                ToolBatcher(sandbox),
+                records.append,
+                sample_every_s=0.01,
             )
 
     stats = asyncio.run(go())
-    assert sorted((r["id"], r["sample"]) for r in records) == sorted((i["id"], i["sample"]) for i in items)
+    assert sorted((r["id"], r["sample"]) for r in records) == sorted(
+        (i["id"], i["sample"]) for i in items
+    )
     assert all(r["finish_reason"] == "answer" and r["extracted"] == "1522" for r in records)
     assert sum(len(r["tool_calls"]) for r in records) == 4 == stats.num_tool_calls
     assert {r["tool_calls"][0]["status"] for r in records if r["tool_calls"]} == {"ok"}

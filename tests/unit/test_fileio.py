@@ -37,7 +37,9 @@ def test_read_parquet_roundtrip(tmp_path):
     assert read_records(tmp_path / "t.parquet")[0] == [{"a": 1, "b": "x"}]
 
 
-@pytest.mark.parametrize("name, content", [("m.jsonl", None), ("bad.json", "{oops"), ("t.csv", "a,b")])
+@pytest.mark.parametrize(
+    "name, content", [("m.jsonl", None), ("bad.json", "{oops"), ("t.csv", "a,b")]
+)
 def test_read_errors_are_user_errors(tmp_path, name, content):
     if content is not None:
         (tmp_path / name).write_text(content)

@@ -15,7 +15,13 @@ def _steps(tmp_path):
 
 def test_steps_chain_outputs_into_inputs(tmp_path):
     steps = _steps(tmp_path)
-    assert [s.name for s in steps] == ["prepare-data", "sft-coldstart", "eval-sft", "rl-stage", "eval-rl"]
+    assert [s.name for s in steps] == [
+        "prepare-data",
+        "sft-coldstart",
+        "eval-sft",
+        "rl-stage",
+        "eval-rl",
+    ]
     sft, rl = steps[1], steps[3]
     assert str(sft.done_marker.parent) in rl.argv  # rl starts from the SFT model
     assert str(rl.done_marker.parent) in steps[4].argv  # the second eval reads the RL model
@@ -27,7 +33,9 @@ def test_every_step_parses_with_the_real_cli(tmp_path):
     # Each argv must be accepted by the command's own parser (no run: --help stops after parsing).
     command = typer.main.get_command(app)
     for step in _steps(tmp_path):
-        ctx = command.make_context("rstar2", step.bound("http://127.0.0.1:9"), resilient_parsing=False)
+        ctx = command.make_context(
+            "rstar2", step.bound("http://127.0.0.1:9"), resilient_parsing=False
+        )
         sub = command.get_command(ctx, step.argv[0])
         assert sub is not None, step.argv[0]
         sub.make_context(step.argv[0], step.bound("http://127.0.0.1:9")[1:])

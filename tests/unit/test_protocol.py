@@ -36,12 +36,24 @@ def test_parse_good_call_and_format_roundtrip():
 @pytest.mark.parametrize(
     "inner, needle",
     [
-        ('{"name": "execute_python_code_with_standard_io", "arguments": {"code": "print(1)"', "invalid JSON"),
+        (
+            '{"name": "execute_python_code_with_standard_io", "arguments": {"code": "print(1)"',
+            "invalid JSON",
+        ),
         ('{"name": "python", "arguments": {"code": "print(1)"}}', "unknown tool 'python'"),
-        ('{"name": "execute_python_code_with_standard_io", "arguments": {}}', "missing required argument 'code'"),
-        ('{"name": "execute_python_code_with_standard_io", "arguments": {"code": 5}}', "missing required argument"),
+        (
+            '{"name": "execute_python_code_with_standard_io", "arguments": {}}',
+            "missing required argument 'code'",
+        ),
+        (
+            '{"name": "execute_python_code_with_standard_io", "arguments": {"code": 5}}',
+            "missing required argument",
+        ),
         ('["not", "an", "object"]', "must be a JSON object"),
-        ('{"name": "execute_python_code_with_standard_io", "arguments": {"code": "1", "input": 3}}', "'input' must be a string"),
+        (
+            '{"name": "execute_python_code_with_standard_io", "arguments": {"code": "1", "input": 3}}',
+            "'input' must be a string",
+        ),
     ],
 )
 def test_malformed_calls_become_parse_errors(inner, needle):
@@ -78,7 +90,10 @@ def test_no_call_no_result():
 
 def test_tool_response_chunk_and_output_formatting():
     chunk = P.render_tool_response("42")
-    assert chunk == "\n<|im_start|>user\n<tool_response>\n42\n</tool_response><|im_end|>\n<|im_start|>assistant\n<reason>"
+    assert (
+        chunk
+        == "\n<|im_start|>user\n<tool_response>\n42\n</tool_response><|im_end|>\n<|im_start|>assistant\n<reason>"
+    )
     assert P.format_tool_output("ok", "42\n", "") == "42"
     err = P.format_tool_output("error", "", "Traceback...\nZeroDivisionError: division by zero\n")
     assert err.endswith("ZeroDivisionError: division by zero")
@@ -130,7 +145,9 @@ def test_extract_answer(text, strict, expected):
 
 def test_trajectory_stats_count_statuses_not_printed_words():
     text = "<reason>x</reason><answer>\\boxed{1}</answer><answer>\\boxed{1}</answer>"
-    stats = P.trajectory_stats(text, num_turns=3, tool_statuses=["ok", "error", "parse_error", "ok"])
+    stats = P.trajectory_stats(
+        text, num_turns=3, tool_statuses=["ok", "error", "parse_error", "ok"]
+    )
     assert stats.num_tool_calls == 4 and stats.num_tool_errors == 2
     assert stats.tool_status_counts == {"ok": 2, "error": 1, "parse_error": 1}
     assert stats.num_answer_tags == 2

@@ -21,7 +21,10 @@ def test_collate_targets_are_the_response_tokens_under_the_mask():
     # start = shortest prompt (2) - 1 = 1: targets begin at the token after position 1
     assert batch["start"] == 1
     assert batch["input_ids"].tolist() == [[1, 2, 3, 7, 8, 9], [1, 2, 5, 6, 0, 0]]
-    masked = [[t for t, m in zip(ts, ms, strict=False) if m] for ts, ms in zip(batch["targets"].tolist(), batch["mask"].tolist(), strict=False)]
+    masked = [
+        [t for t, m in zip(ts, ms, strict=False) if m]
+        for ts, ms in zip(batch["targets"].tolist(), batch["mask"].tolist(), strict=False)
+    ]
     assert masked == [[7, 9], [5, 6]]  # tool-response token 8 is not trained on
     assert batch["advantages"].tolist() == [0.5, -0.5]
 
@@ -39,8 +42,9 @@ def test_plan_splits_evenly_and_counts_tokens():
     assert tokens == [sum(range(1, 8))]
     again, _ = plan_update(samples, 2, 1, 4, (0, 3))
     twice, _ = plan_update(samples, 2, 1, 4, (0, 3))
-    assert [[[id(s) for s in mb] for mb in mini] for mini in again[0]] == \
-        [[[id(s) for s in mb] for mb in mini] for mini in twice[0]]
+    assert [[[id(s) for s in mb] for mb in mini] for mini in again[0]] == [
+        [[id(s) for s in mb] for mb in mini] for mini in twice[0]
+    ]
 
 
 def test_accumulation_fits_the_largest_batch():
@@ -50,9 +54,18 @@ def test_accumulation_fits_the_largest_batch():
 
 
 def _record(pid: str, sample: int, reward: float, statuses: list[str]) -> dict:
-    return {"id": pid, "sample": sample, "reward": reward, "prompt_ids": [1, 2], "response_ids": [3, 4],
-            "loss_mask": [1, 1], "tool_calls": [{"status": s} for s in statuses], "num_turns": 2,
-            "num_answer_tags": 1, "finish_reason": "answer"}
+    return {
+        "id": pid,
+        "sample": sample,
+        "reward": reward,
+        "prompt_ids": [1, 2],
+        "response_ids": [3, 4],
+        "loss_mask": [1, 1],
+        "tool_calls": [{"status": s} for s in statuses],
+        "num_turns": 2,
+        "num_answer_tags": 1,
+        "finish_reason": "answer",
+    }
 
 
 def test_select_drops_equal_groups_and_keeps_clean_successes():
@@ -79,4 +92,6 @@ def test_advantages_are_tensors_of_the_kept_group():
     recipe = load_recipe(REPO / "recipes/tiny/rl.yaml", RlRecipe, ["roc.enabled=false"])
     recs = [_record("a", 0, 1.0, []), _record("a", 1, 0.0, [])]
     sel = select(recs, recipe, step=5)
-    assert torch.allclose(torch.tensor([s.advantage for s in sel.samples]), torch.tensor([1.0, -1.0]), atol=1e-4)
+    assert torch.allclose(
+        torch.tensor([s.advantage for s in sel.samples]), torch.tensor([1.0, -1.0]), atol=1e-4
+    )

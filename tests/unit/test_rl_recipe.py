@@ -12,8 +12,12 @@ from rstar2cli.recipe import load_recipe
 from rstar2cli.rl.recipe import RlRecipe, kept_per_problem
 
 REPO = Path(__file__).resolve().parents[2]
-RL_RECIPES = ["recipes/stage1_8k.yaml", "recipes/stage2_12k.yaml", "recipes/stage3_12k_hard.yaml",
-              "recipes/tiny/rl.yaml"]
+RL_RECIPES = [
+    "recipes/stage1_8k.yaml",
+    "recipes/stage2_12k.yaml",
+    "recipes/stage3_12k_hard.yaml",
+    "recipes/tiny/rl.yaml",
+]
 
 
 @pytest.mark.parametrize("name", RL_RECIPES)
@@ -36,7 +40,9 @@ def test_paper_stage_values():
     assert [s.train.num_steps for s in (s1, s2, s3)] == [300, 85, 125]
     assert [s.rollout.max_response_tokens for s in (s1, s2, s3)] == [8192, 12288, 12288]
     assert [s.rollout.max_turns for s in (s1, s2, s3)] == [10, 10, 15]
-    assert all(s.rollout.num_prompts_per_step == 512 and s.roc.group_size == 16 for s in (s1, s2, s3))
+    assert all(
+        s.rollout.num_prompts_per_step == 512 and s.roc.group_size == 16 for s in (s1, s2, s3)
+    )
     assert s1.train.lr == 1.0e-6 and s1.train.warmup_steps == 20
     assert "hard" in s3.data.train and "--reset-optimizer" in (REPO / RL_RECIPES[2]).read_text()
 
@@ -63,7 +69,13 @@ def test_bad_recipe_lists_every_problem_at_once(tmp_path):
         load_recipe(_write(tmp_path, data), RlRecipe)
     msg = str(exc.value)
     assert "5 problem(s)" in msg, msg
-    for needle in ("roc.mode", "train.lr", "train.warmup", "needs data.eval", "cannot hold one trajectory"):
+    for needle in (
+        "roc.mode",
+        "train.lr",
+        "train.warmup",
+        "needs data.eval",
+        "cannot hold one trajectory",
+    ):
         assert needle in msg, (needle, msg)
 
 
@@ -95,13 +107,18 @@ def test_roc_minimums_must_fit_the_group(tmp_path):
     data = _tiny()
     data["roc"]["min_positive"] = 3
     data["roc"]["min_negative"] = 3
-    with pytest.raises(UserError, match=r"min_positive \+ min_negative \(3 \+ 3\) exceeds group_size \(4\)"):
+    with pytest.raises(
+        UserError, match=r"min_positive \+ min_negative \(3 \+ 3\) exceeds group_size \(4\)"
+    ):
         load_recipe(_write(tmp_path, data), RlRecipe)
 
 
 def test_plain_grpo_keeps_every_sample():
-    grpo = load_recipe(REPO / "recipes/tiny/rl.yaml", RlRecipe,
-                       ["roc.enabled=false", "rollout.num_samples_per_prompt=4"])
+    grpo = load_recipe(
+        REPO / "recipes/tiny/rl.yaml",
+        RlRecipe,
+        ["roc.enabled=false", "rollout.num_samples_per_prompt=4"],
+    )
     assert kept_per_problem(grpo.rollout, grpo.roc) == 4
     roc = load_recipe(REPO / "recipes/tiny/rl.yaml", RlRecipe)
     assert kept_per_problem(roc.rollout, roc.roc) == roc.roc.group_size == 4

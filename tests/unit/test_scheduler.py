@@ -167,8 +167,13 @@ def test_incremental_rejects_a_trajectory_whose_budget_can_never_fit():
 
 def test_incremental_waits_for_home_then_migrates_after_the_timeout():
     now = [0.0]
-    s = make([1000, 1000], kv_mode="incremental", step_tokens=100, migrate_after_s=5.0,
-             clock=lambda: now[0])
+    s = make(
+        [1000, 1000],
+        kv_mode="incremental",
+        step_tokens=100,
+        migrate_after_s=5.0,
+        clock=lambda: now[0],
+    )
     for k in ("a", "b", "c"):
         s.add(k, 100, 800)
     assert keys_engines(s.schedule()) == [("a", 0), ("b", 1), ("c", 0)]  # tie -> fewer running

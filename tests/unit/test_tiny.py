@@ -39,5 +39,7 @@ def test_saved_folder_loads_in_transformers(tiny_model_dir):
     with torch.no_grad():
         logits = model(ids).logits
     assert logits.shape == (1, ids.shape[1], len(tok))
-    chat = tok.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True)
+    chat = tok.apply_chat_template(
+        [{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True
+    )
     assert chat == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
