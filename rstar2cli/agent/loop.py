@@ -30,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import time
 import zlib
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -248,6 +249,11 @@ class Trajectory:
 
 def prompt_ids_for(question: str, tokenizer: Any, template: str = "paper") -> list[int]:
     return tokenizer.encode(P.render_prompt(question, template), add_special_tokens=False)
+
+
+def longest_prompt_tokens(questions: Iterable[str], tokenizer: Any, template: str = "paper") -> int:
+    """Tokens of the longest rendered prompt: engines size `max_model_len` from it."""
+    return max(len(prompt_ids_for(q, tokenizer, template)) for q in set(questions))
 
 
 class ToolBatcher:

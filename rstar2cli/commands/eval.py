@@ -272,49 +272,46 @@ async def _run(
 ) -> None:
     from transformers import AutoTokenizer
 
-    from rstar2cli.agent.loop import ToolBatcher, make_tool_runner, prompt_ids_for
+    from rstar2cli.agent.loop import longest_prompt_tokens, make_tool_runner
     from rstar2cli.eval.results import ResultWriter
-    from rstar2cli.scheduler.rollout import run_rollout
+    from rstar2cli.scheduler.rollout import rollout_session, run_rollout
 
     tokenizer = AutoTokenizer.from_pretrained(plan.tokenizer_path)
-    max_prompt = max(
-        len(prompt_ids_for(q, tokenizer, agent_config.template))
-        for q in {i["question"] for i in items}
+    max_prompt = longest_prompt_tokens(
+        (i["question"] for i in items), tokenizer, agent_config.template
     )
-    runner = make_tool_runner(plan.sandbox_urls, timeout_s=agent_config.tool_timeout_s or 10.0)
     writer = ResultWriter(plan.out / RESULTS, label, owner)
-    engines: list[Any] = []
     try:
-        engines = await _start_engines(
-            plan,
-            tokenizer,
-            num_engines,
-            kind,
-            kv_cache_tokens,
-            max_prompt + agent_config.max_response_tokens,
-            settings["seed"],
-        )
-        with _progress(console) as progress:
-            task = progress.add_task("eval", total=len(items))
-
-            def on_record(record: dict[str, Any]) -> None:
-                writer.add(record)
-                progress.advance(task)
-
-            stats = await run_rollout(
-                engines,
-                items,
+        async with rollout_session(
+            lambda: _start_engines(
+                plan,
                 tokenizer,
-                agent_config,
-                sched_config,
-                ToolBatcher(runner),
-                on_record=on_record,
-            )
+                num_engines,
+                kind,
+                kv_cache_tokens,
+                max_prompt + agent_config.max_response_tokens,
+                settings["seed"],
+            ),
+            make_tool_runner(plan.sandbox_urls, timeout_s=agent_config.tool_timeout_s or 10.0),
+        ) as (engines, tools):
+            with _progress(console) as progress:
+                task = progress.add_task("eval", total=len(items))
+
+                def on_record(record: dict[str, Any]) -> None:
+                    writer.add(record)
+                    progress.advance(task)
+
+                stats = await run_rollout(
+                    engines,
+                    items,
+                    tokenizer,
+                    agent_config,
+                    sched_config,
+                    tools,
+                    on_record=on_record,
+                )
     finally:
         writer.close()
-        await runner.close()
-        for e in engines:
-            await e.shutdown()
     console.print(
         f"ran {writer.num_written} trajectories in {stats.makespan_s:.1f} s "
         f"({stats.tokens_per_s:.0f} generated tokens/s, {stats.num_tool_calls} tool calls); "

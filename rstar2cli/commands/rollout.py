@@ -224,45 +224,42 @@ async def _run(
 ) -> None:
     from transformers import AutoTokenizer
 
-    from rstar2cli.agent.loop import ToolBatcher, make_tool_runner, prompt_ids_for
+    from rstar2cli.agent.loop import longest_prompt_tokens, make_tool_runner
     from rstar2cli.scheduler.engines import make_engines
-    from rstar2cli.scheduler.rollout import run_rollout
+    from rstar2cli.scheduler.rollout import rollout_session, run_rollout
 
     tokenizer = AutoTokenizer.from_pretrained(str(model))
-    max_prompt = max(
-        len(prompt_ids_for(q, tokenizer, agent_config.template))
-        for q in {i["question"] for i in items}
+    max_prompt = longest_prompt_tokens(
+        (i["question"] for i in items), tokenizer, agent_config.template
     )
-    runner = make_tool_runner(urls, timeout_s=agent_config.tool_timeout_s or 10.0)
+    sizes = {"kv_cache_tokens": kv_cache_tokens} if kv_cache_tokens else {}
     writer = _Writer(out)
-    engines: list[Any] = []
     try:
-        sizes = {"kv_cache_tokens": kv_cache_tokens} if kv_cache_tokens else {}
-        engines = make_engines(
-            str(model),
-            num_engines,
-            kind=kind,
-            ray_address=ray_address,
-            max_model_len=max_prompt + agent_config.max_response_tokens,
-            seed=settings["seed"],
-            **sizes,
-        )
-        with _Progress(console, len(items)) as progress:
-            stats = await run_rollout(
-                engines,
-                items,
-                tokenizer,
-                agent_config,
-                sched_config,
-                ToolBatcher(runner),
-                on_record=lambda r: (writer.add(r), progress.done()),
-                on_tick=progress.tick,
-            )
+        async with rollout_session(
+            lambda: make_engines(
+                str(model),
+                num_engines,
+                kind=kind,
+                ray_address=ray_address,
+                max_model_len=max_prompt + agent_config.max_response_tokens,
+                seed=settings["seed"],
+                **sizes,
+            ),
+            make_tool_runner(urls, timeout_s=agent_config.tool_timeout_s or 10.0),
+        ) as (engines, tools):
+            with _Progress(console, len(items)) as progress:
+                stats = await run_rollout(
+                    engines,
+                    items,
+                    tokenizer,
+                    agent_config,
+                    sched_config,
+                    tools,
+                    on_record=lambda r: (writer.add(r), progress.done()),
+                    on_tick=progress.tick,
+                )
     finally:
         writer.close()
-        await runner.close()
-        for e in engines:
-            await e.shutdown()
     _report(console, out, stats, writer, settings)
 
 

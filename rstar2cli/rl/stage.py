@@ -209,9 +209,10 @@ class StageRun:
     # -- the loop -------------------------------------------------------------------------
 
     async def run(self) -> Path:
-        from rstar2cli.agent.loop import ToolBatcher, make_tool_runner
+        from rstar2cli.agent.loop import make_tool_runner
         from rstar2cli.reward.grader import Grader
         from rstar2cli.scheduler.engines import make_engines
+        from rstar2cli.scheduler.rollout import rollout_session
 
         r = self.recipe
         if self.opts.ray_address is not None or r.train.num_trainer_ranks > 1:
@@ -219,47 +220,48 @@ class StageRun:
 
             init_ray(self.opts.ray_address, r.rollout.num_engines + r.train.num_trainer_ranks)
         start, push_first = self._start_trainers()
-        self.engines = make_engines(
-            r.model,
-            r.rollout.num_engines,
-            kind=r.rollout.engine,
-            ray_address=self.opts.ray_address,
-            kv_cache_tokens=r.rollout.kv_cache_tokens,
-            max_model_len=r.rollout.max_prompt_tokens + r.rollout.max_response_tokens,
-            seed=r.train.seed,
-        )
-        runner = make_tool_runner(
-            r.sandbox.urls,
-            timeout_s=r.rollout.tool_timeout_s,
-            num_workers=r.sandbox.num_local_workers,
-        )
-        tools = ToolBatcher(runner)
         try:
-            if push_first:
-                await self._push_weights()
-            with (
-                Grader(
-                    r.reward.num_workers,
-                    r.reward.timeout_s,
-                    strict=r.reward.strict,
-                    zero_truncated=r.reward.zero_truncated,
-                ) as grader,
-                self._reporter(start) as rep,
-            ):
-                if start == 0 and r.eval.every_steps > 0:
-                    rep.step(
-                        {"step": 0, "eval_accuracy": await self._evaluate(0, tools, grader, rep)}
-                    )
-                for step in range(start, r.train.num_steps):
-                    await self._step(step, tools, grader, rep)
+            async with rollout_session(
+                lambda: make_engines(
+                    r.model,
+                    r.rollout.num_engines,
+                    kind=r.rollout.engine,
+                    ray_address=self.opts.ray_address,
+                    kv_cache_tokens=r.rollout.kv_cache_tokens,
+                    max_model_len=r.rollout.max_prompt_tokens + r.rollout.max_response_tokens,
+                    seed=r.train.seed,
+                ),
+                make_tool_runner(
+                    r.sandbox.urls,
+                    timeout_s=r.rollout.tool_timeout_s,
+                    num_workers=r.sandbox.num_local_workers,
+                ),
+            ) as (self.engines, tools):
+                if push_first:
+                    await self._push_weights()
+                with (
+                    Grader(
+                        r.reward.num_workers,
+                        r.reward.timeout_s,
+                        strict=r.reward.strict,
+                        zero_truncated=r.reward.zero_truncated,
+                    ) as grader,
+                    self._reporter(start) as rep,
+                ):
+                    if start == 0 and r.eval.every_steps > 0:
+                        rep.step(
+                            {
+                                "step": 0,
+                                "eval_accuracy": await self._evaluate(0, tools, grader, rep),
+                            }
+                        )
+                    for step in range(start, r.train.num_steps):
+                        await self._step(step, tools, grader, rep)
             self._plot()
             final = self.opts.out / "final"
             self.trainers.save_hf(final)
             return final
         finally:
-            await runner.close()
-            for engine in self.engines:
-                await engine.shutdown()
             self.trainers.close()
 
     def _reporter(self, start: int) -> Any:

@@ -18,12 +18,21 @@ tests/integration/test_rollout_cli.py.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from rstar2cli.agent.loop import AgentConfig, Next, ToolBatcher, Trajectory, prompt_ids_for
+from rstar2cli.agent.loop import (
+    AgentConfig,
+    Next,
+    ToolBatcher,
+    ToolRunner,
+    Trajectory,
+    prompt_ids_for,
+)
 from rstar2cli.scheduler.scheduler import Scheduler, SchedulerConfig, Status
 
 
@@ -73,6 +82,26 @@ class RolloutStats:
 
 def _preemptions(engines: list[Any]) -> list[float]:
     return [float(e.metrics().get("num_preemptions", 0.0)) for e in engines]
+
+
+@asynccontextmanager
+async def rollout_session(
+    start_engines: Callable[[], list[Any] | Awaitable[list[Any]]], tool_runner: ToolRunner
+) -> AsyncIterator[tuple[list[Any], ToolBatcher]]:
+    """Engines and a tool batcher for one run of `run_rollout` (or many, as rl-stage does).
+
+    On exit, error or interrupt included, the tool runner is closed and every engine that started
+    is shut down, so no engine process or sandbox pool outlives the command.
+    """
+    engines: list[Any] = []
+    try:
+        started = start_engines()
+        engines = await started if inspect.isawaitable(started) else started
+        yield engines, ToolBatcher(tool_runner)
+    finally:
+        await tool_runner.close()
+        for engine in engines:
+            await engine.shutdown()
 
 
 async def run_rollout(

