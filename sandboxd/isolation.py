@@ -1,6 +1,6 @@
 """Kernel isolation layers for sandbox slots and job processes (Linux, x86_64 for seccomp).
 
-What it does. Two steps, both called from `sandboxd.pool`:
+What it does. Called from the slot's processes (`sandboxd.zygote`, `sandboxd.job`):
 - `enter_slot_namespaces` / `setup_slot_filesystem` run once per worker slot: new mount, network
   (no interfaces up), PID, IPC and UTS namespaces (plus a user namespace mapping the daemon's uid
   to 0 when the daemon is not root); every existing mount remounted read-only; private size-capped
@@ -8,11 +8,12 @@ What it does. Two steps, both called from `sandboxd.pool`:
   interpreter's own directories bound back (so a child can still import lazily); a fresh /proc
   that shows only the slot's own processes.
 - `install_seccomp` runs once in each zygote after its set-up; every job inherits the filter at
-  fork (deny list: ptrace, mount, namespaces, kernel modules, bpf, keyring, io_uring,
-  non-AF_UNIX sockets, ...).
+  fork, the light runner across its exec (deny list: ptrace, mount, namespaces, kernel modules,
+  bpf, keyring, io_uring, non-AF_UNIX sockets, ...).
 - `enter_job_sandbox` runs in each forked job child, after which user code runs: hard rlimits
   (CPU, address space, processes, file size, open files, core), its own uid per slot (as root) or
-  all capabilities dropped (inside a user namespace), no_new_privs.
+  all capabilities dropped (inside a user namespace); no_new_privs is inherited from the zygote.
+- `signal_uid` kills every process of a slot's job uid at once (as root, from the slot's PID 1).
 
 What it does not. It does not use cgroups (the per-slot process limit plus the slot's PID
 namespace contain fork and thread bombs); it does not build a separate root filesystem.
@@ -25,7 +26,6 @@ tests/sandboxd/test_sandbox_units.py (the BPF program's jumps).
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import os
 import platform
 import resource
@@ -65,6 +65,7 @@ PR_SET_PDEATHSIG = 1
 PR_SET_DUMPABLE = 4
 PR_SET_NO_NEW_PRIVS = 38
 PR_SET_SECCOMP = 22
+PR_SET_CHILD_SUBREAPER = 36
 SECCOMP_MODE_FILTER = 2
 PR_CAPBSET_DROP = 24
 
@@ -82,7 +83,9 @@ def slot_uid(server_pid: int, slot_index: int) -> int:
 
 TMPFS_DIRS = ("/tmp", "/var/tmp", "/dev/shm")
 
-_libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
+# NOTE: libc through the interpreter's own symbols: ctypes.util would import threading, whose
+# at-fork hook then runs in every job child.
+_libc = ctypes.CDLL(None, use_errno=True)
 
 
 @dataclass
@@ -127,8 +130,15 @@ def mount(
     _check(ret, f"mount {target}")
 
 
+# NOTE: its own function object, typed, so plain ints convert in C: every job calls it right after
+# fork, where each Python object it touches costs a copy-on-write page fault.
+_prctl = _libc["prctl"]
+_prctl.argtypes = (ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong)
+
+
 def prctl(option: int, arg2: int = 0, arg3: int = 0) -> None:
-    _check(_libc.prctl(option, ctypes.c_ulong(arg2), ctypes.c_ulong(arg3), 0, 0), f"prctl {option}")
+    if _prctl(option, arg2, arg3, 0, 0) != 0:
+        _check(-1, f"prctl {option}")
 
 
 def set_parent_death_signal(sig: int = signal.SIGKILL) -> None:
@@ -280,7 +290,7 @@ def _hide_private_dirs(layers: Layers, keep_paths: list[str]) -> None:
 
 
 def enter_job_sandbox(limits: JobLimits, mode: str, uid: int) -> None:
-    """Apply rlimits, identity and no_new_privs to the calling (job) process. Irreversible."""
+    """Apply rlimits and identity to the calling (job) process. Irreversible."""
     _set_rlimits(limits)
     if mode.startswith("root"):
         os.setgroups([])
@@ -290,8 +300,8 @@ def enter_job_sandbox(limits: JobLimits, mode: str, uid: int) -> None:
         drop_capabilities()
     set_parent_death_signal()  # NOTE: must follow setresuid, which clears it
     prctl(PR_SET_DUMPABLE, 0)
-    prctl(PR_SET_NO_NEW_PRIVS, 1)
-    # NOTE: the seccomp filter is already in place: the zygote installed it and fork inherits it.
+    # NOTE: no_new_privs and the seccomp filter are already in place: the zygote set both, and
+    # fork and exec keep them.
 
 
 def _set_rlimits(limits: JobLimits) -> None:
@@ -305,6 +315,36 @@ def _set_rlimits(limits: JobLimits) -> None:
     }
     for which, (soft, hard) in pairs.items():
         resource.setrlimit(which, (soft, hard))
+
+
+def signal_uid(uid: int, sig: int) -> None:
+    """Send `sig` to every process running as `uid` (kill(-1) with our real+effective uid = uid).
+
+    NOTE: the kernel lets kill(-1) reach a process only if the sender's real or effective uid
+    equals the target's real or saved uid (CAP_KILL is dropped from the effective set while the
+    effective uid is not 0), so it reaches exactly `uid`'s processes and is atomic against their
+    forks. A real uid of 0 would reach every root process instead. The saved uid stays 0 to
+    switch back. Only for a root PID 1 of a slot's own PID namespace with no signal handlers:
+    while switched, `uid`'s processes may signal the caller, and the kernel drops every such
+    signal sent to a namespace's init. They may also lower its scheduling (nice, policy, CPU
+    affinity), so that is put back as it was. Changing the effective uid clears the parent-death
+    signal and the dumpable flag; both are re-armed.
+    """
+    nice = os.getpriority(os.PRIO_PROCESS, 0)
+    policy, param = os.sched_getscheduler(0), os.sched_getparam(0)
+    cpus = os.sched_getaffinity(0)
+    os.setresuid(uid, uid, 0)
+    try:
+        os.kill(-1, sig)
+    except ProcessLookupError:
+        pass
+    finally:
+        os.setresuid(0, 0, 0)
+        prctl(PR_SET_DUMPABLE, 0)
+        set_parent_death_signal()
+        os.setpriority(os.PRIO_PROCESS, 0, nice)
+        os.sched_setscheduler(0, policy, param)
+        os.sched_setaffinity(0, cpus)
 
 
 def drop_capabilities() -> None:

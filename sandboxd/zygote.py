@@ -1,19 +1,32 @@
-"""The process side of the pool: fork server, per-slot zygote, and the job child.
+"""The process side of the pool: fork server, per-slot zygote Z and its light runner L.
 
-Process tree (each arrow is a fork, none is an exec of user-controlled code):
+Process tree (each arrow is a fork; the only exec is of our own interpreter, never of user code):
   daemon --exec--> fork server (clean environment, math stack imported once)
      --> slot process S (unshares the slot's namespaces) --> zygote Z (PID 1 of the slot)
-        --> one job child per job (sandboxed, runs the snippet, exits)
-Z receives jobs on a stream socket (4-byte length + JSON), feeds stdin, drains stdout/stderr
-continuously with a cap, enforces the wall-clock timeout, kills the job's whole process tree
-(`kill(-1)` from PID 1 of the slot's own PID namespace, never elsewhere), reaps zombies, wipes the
-slot's private tmpfs, and answers with one status.
+        --> one job child per job whose code names a module only Z has loaded (numpy, sympy)
+        --exec--> light runner L (as root only; standard-library preload, child subreaper)
+           --> one job child per other job
+Forking a process with the math stack mapped costs several times more CPU than forking a bare
+interpreter, and most snippets never touch that stack. So Z reads each request (4-byte length +
+JSON) and routes it: code that mentions, as a word, a module that only Z has loaded runs in Z;
+any other code goes to L. A light job that imports numpy by a trick still works, only slower.
+Both runners run a job the same way (`sandboxd.job`): feed stdin, drain outputs with a cap,
+enforce the wall-clock timeout, kill the job's whole process tree, reap, wipe the slot's private
+tmpfs, answer one status. A slot runs one job at a time, so Z and L never run jobs together.
+
+Killing the tree. As root, jobs run as the slot's own uid; Z kills them all with kill(-1) sent as
+that uid (`isolation.signal_uid`), which spares Z and L (root). That is safe in Z only: nothing
+inside a namespace can signal its init, while L could be signalled during the switch, so L asks
+Z to do it. Without root, jobs share Z's uid: L is not started and Z runs every job, killing with
+kill(-1) as PID 1 of the slot. If L fails to start, Z runs every job; if L dies, its job in flight
+answers `sandbox_error`, Z kills and reaps what is left, and starts a new L for the next light job.
 
 What it does not: no asyncio, no HTTP (see `sandboxd.pool` / `sandboxd.server`). The fork server
 is started with a scrubbed environment and only its socket as an open fd, so nothing the daemon
-holds (environment, sockets, memory) is reachable from a snippet.
+holds (environment, sockets, memory) is reachable from a snippet; L is exec'd with that same
+environment, Z's seccomp filter, and no open fd but its socket to Z.
 
-Tested through a real daemon in tests/sandboxd/.
+Tested through a real daemon in tests/sandboxd/ (hostile snippets through both runners).
 """
 
 from __future__ import annotations
@@ -23,17 +36,16 @@ import json
 import os
 import re
 import select
-import shutil
 import signal
 import socket
 import struct
 import sys
-import time
 from dataclasses import asdict
 from typing import Any
 
-from sandboxd import isolation, runner
-from sandboxd.isolation import JobLimits, Layers
+from sandboxd import isolation, job
+from sandboxd.isolation import Layers
+from sandboxd.job import SlotInfo
 
 DEFAULT_PRELOAD = (
     "math",
@@ -65,23 +77,20 @@ WARMUP = {
     ),
     "numpy": "import numpy as np\na = np.arange(16.0).reshape(4, 4)\n(a @ a.T).trace(); np.linalg.det(a + np.eye(4)); np.linalg.solve(a + np.eye(4), np.ones(4))\n",
 }
-EXIT_SETUP_FAILED = 121
-_MEMORY_RE = re.compile(r"^[\w.]*MemoryError\b")
 _HEADER = struct.Struct("!I")
-JOB_ENV = {
-    "PATH": "/usr/local/bin:/usr/bin:/bin",
-    "LANG": "C.UTF-8",
-    "OPENBLAS_NUM_THREADS": "1",
-    "OMP_NUM_THREADS": "1",
-    "MKL_NUM_THREADS": "1",
-}
+_LIGHT_START_S = 30.0  # a fresh interpreter importing the standard-library preload, on a busy host
+_LIGHT_GUARD_S = 5.0  # on top of a job's timeout: L answers well before unless it is wedged
+_KILL, _KILLED = b"kill", b"killed"  # L -> Z and back mid-job; never valid JSON, so never a result
 
 
 # ---------------------------------------------------------------- framing (blocking side)
 
 
 def send_msg(sock: socket.socket, obj: dict[str, Any]) -> None:
-    data = json.dumps(obj, ensure_ascii=False).encode("utf-8", "surrogatepass")
+    send_frame(sock, _encode(obj))
+
+
+def send_frame(sock: socket.socket, data: bytes) -> None:
     sock.sendall(_HEADER.pack(len(data)) + data)
 
 
@@ -95,11 +104,13 @@ def _recv_exact(sock: socket.socket, n: int) -> bytes | None:
     return bytes(buf)
 
 
-def recv_msg(sock: socket.socket) -> dict[str, Any] | None:
+def recv_frame(sock: socket.socket) -> bytes | None:
     head = _recv_exact(sock, _HEADER.size)
-    if head is None:
-        return None
-    body = _recv_exact(sock, _HEADER.unpack(head)[0])
+    return None if head is None else _recv_exact(sock, _HEADER.unpack(head)[0])
+
+
+def recv_msg(sock: socket.socket) -> dict[str, Any] | None:
+    body = recv_frame(sock)
     return None if body is None else json.loads(body)
 
 
@@ -110,13 +121,8 @@ def forkserver_main(sock_fd: int, config_json: str) -> None:
     """Entry point of the fork server subprocess; forks one slot process per request."""
     isolation.set_parent_death_signal()
     config = json.loads(config_json)
-    preloaded = []
-    for name in config["preload"]:
-        try:
-            __import__(name)
-            preloaded.append(name)
-        except Exception:  # noqa: BLE001 - a missing optional module is reported, not fatal
-            pass
+    config["env"] = dict(os.environ)  # NOTE: as pool.py scrubbed it, before any import runs
+    preloaded = _preload(config["preload"])
     for name, code in WARMUP.items():
         if name in preloaded:
             try:
@@ -141,6 +147,17 @@ def forkserver_main(sock_fd: int, config_json: str) -> None:
         for fd in fds:
             os.close(fd)
         sock.send(str(pid).encode())
+
+
+def _preload(names: list[str]) -> list[str]:
+    loaded = []
+    for name in names:
+        try:
+            __import__(name)
+            loaded.append(name)
+        except Exception:  # noqa: BLE001 - a missing optional module is reported, not fatal
+            pass
+    return loaded
 
 
 def _slot_main(index: int, conn_fd: int, config: dict[str, Any]) -> None:
@@ -173,14 +190,6 @@ def _keep_paths() -> list[str]:
     return sorted({os.path.realpath(p) for p in paths if os.path.isdir(p)})
 
 
-def _vm_size_bytes() -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmSize:"):
-                return int(line.split()[1]) * 1024
-    return 0
-
-
 def _zygote_main(index: int, conn_fd: int, config: dict[str, Any], layers: Layers) -> None:
     conn = socket.socket(fileno=conn_fd)
     try:
@@ -197,30 +206,58 @@ def _zygote_main(index: int, conn_fd: int, config: dict[str, Any], layers: Layer
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, signal.SIG_DFL)
     isolation.prctl(isolation.PR_SET_DUMPABLE, 0)  # jobs may not read or trace the zygote
+    isolation.prctl(isolation.PR_SET_NO_NEW_PRIVS, 1)  # NOTE: inherited by L and every job
     _install_seccomp(layers)
-    base_vm = _vm_size_bytes()
+    slot = _slot_info(index, config, layers)
+    light = None
+    if _wants_light(slot, config["preloaded"]):
+        light = _Light(slot, config)
+        if light.start():
+            layers.active.append(f"light runner for jobs without {'/'.join(light.heavy_names)}")
+        else:
+            light = None
+    job.prepare_runner(slot)
+    slot.base_vm = job.vm_size_bytes()
     gc.collect()
     gc.freeze()  # NOTE: job children then never walk (and copy-on-write) the preloaded objects
     send_msg(conn, {"hello": True, "layers": asdict(layers), "preloaded": config["preloaded"]})
+    kill_tree = job.tree_killer(slot)
     while True:
-        request = recv_msg(conn)
-        if request is None:
+        frame = recv_frame(conn)
+        if frame is None:
             return
         try:
-            result = _run_job(request, index, config, layers, base_vm)
+            request = json.loads(frame)
+            answer = None
+            if light is not None and light.takes(request["code"]):
+                answer = light.run(frame, float(request["timeout_s"]))
+            if answer is None:
+                spare_pid = light.pid if light is not None else None
+                answer = _encode(job.run_job(request, slot, kill_tree, spare_pid))
         except Exception as exc:  # noqa: BLE001 - reported as an infrastructure failure
-            result = {
-                "status": "sandbox_error",
-                "stdout": "",
-                "stderr": f"zygote: {exc!r}",
-                "exit_code": None,
-                "duration_s": 0.0,
-            }
-        send_msg(conn, result)
+            answer = _encode(_error(f"zygote: {exc!r}"))
+        send_frame(conn, answer)
+
+
+def _slot_info(index: int, config: dict[str, Any], layers: Layers) -> SlotInfo:
+    private_tmp = layers.pid_namespace and any(a.startswith("private tmpfs") for a in layers.active)
+    return SlotInfo(
+        index=index,
+        uid=int(config["uid_base"]) + index,
+        mode=layers.mode,
+        pid_namespace=layers.pid_namespace,
+        scratch="/tmp/job" if private_tmp else f"/tmp/sandboxd-slot{index}-{os.getpid()}",
+        private_tmp=private_tmp,
+        protected=list(layers.protected),
+        memory_mb=int(config["memory_mb"]),
+        max_procs=int(config["max_procs"]),
+        disk_mb=int(config["disk_mb"]),
+        max_output_bytes=int(config["max_output_bytes"]),
+    )
 
 
 def _install_seccomp(layers: Layers) -> None:
-    """Install the filter in the zygote itself: every job inherits it at fork, for free.
+    """Install the filter in the zygote itself: every job (and L, and its jobs) inherits it.
 
     NOTE: the zygote needs none of the denied calls once its slot is set up.
     """
@@ -228,273 +265,194 @@ def _install_seccomp(layers: Layers) -> None:
         layers.warnings.append("seccomp filter needs x86_64; not installed")
         return
     try:
-        isolation.prctl(isolation.PR_SET_NO_NEW_PRIVS, 1)
         isolation.install_seccomp()
         layers.active.append("seccomp")
     except OSError as exc:
         layers.warnings.append(f"seccomp filter refused ({exc})")
 
 
-def _scratch_dir(index: int, uid: int, layers: Layers) -> str:
-    if os.getpid() == 1 and "private tmpfs" in " ".join(layers.active):
-        path = "/tmp/job"
-    else:
-        path = f"/tmp/sandboxd-slot{index}-{os.getpid()}"
-    os.makedirs(path, mode=0o700, exist_ok=True)
-    if layers.mode.startswith("root"):
-        os.chown(path, uid, uid)
-    return path
+def _encode(result: dict[str, Any]) -> bytes:
+    return json.dumps(result, ensure_ascii=False).encode("utf-8", "surrogatepass")
 
 
-def _wipe(scratch: str, layers: Layers) -> None:
-    if scratch.startswith("/tmp/job"):
-        for top in isolation.TMPFS_DIRS:  # the whole private tmpfs goes, not just the scratch dir
+def _error(message: str) -> dict[str, Any]:
+    return {
+        "status": "sandbox_error",
+        "stdout": "",
+        "stderr": message,
+        "exit_code": None,
+        "duration_s": 0.0,
+    }
+
+
+# ---------------------------------------------------------------- light runner L
+
+
+def _is_stdlib(module: str) -> bool:
+    return module.split(".")[0] in sys.stdlib_module_names
+
+
+def _wants_light(slot: SlotInfo, preloaded: list[str]) -> bool:
+    """L pays off only when Z holds more than the standard library, and needs kill-by-uid."""
+    return job.uid_killing(slot) and not all(_is_stdlib(m) for m in preloaded)
+
+
+class _Light:
+    """Z's handle on its light runner: start it, decide what it takes, forward, survive its death."""
+
+    def __init__(self, slot: SlotInfo, config: dict[str, Any]) -> None:
+        self.slot = slot
+        self.env: dict[str, str] = config["env"]
+        self.preload = [m for m in config["preloaded"] if _is_stdlib(m)]
+        self.heavy_names: list[str] = []
+        self.pid: int | None = None
+        # NOTE: a heavy job's reaping may reap a dead L, and its pid be reused; a pidfd cannot be.
+        self._pidfd: int | None = None
+        self._sock: socket.socket | None = None
+        self._heavy_re: re.Pattern[str] | None = None
+        self._broken = False  # a restart failed: Z runs every job itself from then on
+
+    def takes(self, code: str) -> bool:
+        return self._heavy_re is not None and not self._heavy_re.search(code)
+
+    def start(self) -> bool:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        pid = os.fork()
+        if pid == 0:
+            _exec_light(theirs.fileno(), self.env)
+        theirs.close()
+        self.pid, self._pidfd, self._sock = pid, os.pidfd_open(pid), ours
+        ours.settimeout(_LIGHT_START_S)
+        try:
+            send_msg(ours, {"slot": asdict(self.slot), "preload": self.preload})
+            hello = recv_msg(ours)
+        except (OSError, ValueError):
+            hello = None
+        if hello is None:
+            self.stop()
+            return False
+        if self._heavy_re is None:
+            only_ours = {m.split(".")[0] for m in sys.modules} - set(hello["modules"])
+            # NOTE: importable names only (extension internals such as cython_runtime have no
+            # file); leaving one out only sends its jobs to L, which then imports it itself.
+            self.heavy_names = sorted(
+                n
+                for n in only_ours - sys.stdlib_module_names
+                if n.isidentifier()
+                and not n.startswith("_")
+                and hasattr(sys.modules[n], "__file__")
+            )
+            if not self.heavy_names:
+                self.stop()
+                return False
+            self._heavy_re = re.compile(r"\b(?:" + "|".join(self.heavy_names) + r")\b")
+        return True
+
+    def stop(self) -> None:
+        if self.pid is not None and self._pidfd is not None:
             try:
-                names = os.listdir(top)
-            except OSError:
-                continue
-            for name in names:
-                path = os.path.join(top, name)
-                if path in layers.protected:
-                    continue
-                if os.path.isdir(path) and not os.path.islink(path):
-                    shutil.rmtree(path, ignore_errors=True)
-                else:
-                    try:
-                        os.unlink(path)
-                    except OSError:
-                        pass
-    else:
-        shutil.rmtree(scratch, ignore_errors=True)
+                signal.pidfd_send_signal(self._pidfd, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            os.close(self._pidfd)
+            try:
+                os.waitpid(self.pid, 0)
+            except ChildProcessError:
+                pass  # already reaped by a heavy job's reaping
+        if self._sock is not None:
+            self._sock.close()
+        self.pid = self._pidfd = self._sock = None
 
+    def _ready(self) -> bool:
+        """Whether L is up, restarting it if it died between jobs."""
+        if self._sock is not None and self._pidfd is not None:
+            poller = select.poll()
+            poller.register(self._sock, select.POLLIN)  # NOTE: an idle L never writes: EOF = dead
+            poller.register(self._pidfd, select.POLLIN)
+            if not poller.poll(0):
+                return True
+        self.stop()
+        if self._broken:
+            return False
+        self._broken = not self.start()
+        return not self._broken
 
-def _run_job(
-    request: dict[str, Any], index: int, config: dict[str, Any], layers: Layers, base_vm: int
-) -> dict[str, Any]:
-    timeout_s = float(request["timeout_s"])
-    limits = JobLimits(
-        cpu_s=int(timeout_s) + 1,
-        address_space_bytes=base_vm + int(config["memory_mb"]) * 2**20,
-        max_procs=int(config["max_procs"]),
-        max_file_bytes=int(config["disk_mb"]) * 2**20,
-    )
-    uid = int(config["uid_base"]) + index
-    scratch = _scratch_dir(index, uid, layers)
-    pipes = [os.pipe() for _ in range(4)]  # stdin, stdout, stderr, ready
-    start = time.monotonic()
-    pid = os.fork()
-    if pid == 0:
+    def run(self, frame: bytes, timeout_s: float) -> bytes | None:
+        """Forward one request frame to L, return its answer frame; None if L is down for good.
+
+        NOTE: frames are relayed as they are: Z decodes requests only to route them.
+        """
+        if not self._ready():
+            return None
+        sock = self._sock
+        assert sock is not None
+        sock.settimeout(timeout_s + _LIGHT_GUARD_S)
         try:
-            _child_main(request["code"], scratch, pipes, limits, layers.mode, uid)
-        finally:
-            os._exit(EXIT_SETUP_FAILED)  # NOTE: a job process never returns into the zygote's loop
-    for i, (r, w) in enumerate(pipes):
-        os.close(r if i == 0 else w)
-    try:
-        outcome = _pump(
-            pid,
-            pipes,
-            request.get("stdin", "").encode("utf-8", "replace"),
-            timeout_s,
-            int(config["max_output_bytes"]),
-            start,
-        )
-    finally:
-        _wipe(scratch, layers)
-    return _classify(outcome, limits)
+            send_frame(sock, frame)
+            while True:
+                answer = recv_frame(sock)
+                if answer is None:
+                    raise EOFError("light runner exited")
+                if answer != _KILL:
+                    return answer
+                isolation.signal_uid(self.slot.uid, signal.SIGKILL)
+                send_frame(sock, _KILLED)
+        except (OSError, EOFError) as exc:
+            self.stop()
+            isolation.signal_uid(self.slot.uid, signal.SIGKILL)  # its job's orphans are now ours
+            job.reap_orphans(None)
+            job.wipe(self.slot)
+            message = f"light runner failed mid-job ({type(exc).__name__}); restarted next job"
+            return _encode(_error(message))
 
 
-def _child_main(
-    code: str, scratch: str, pipes: list[tuple[int, int]], limits: JobLimits, mode: str, uid: int
-) -> None:
-    """In the forked job process: wire fds, sandbox itself, signal readiness, run. Never returns."""
+def _exec_light(sock_fd: int, env: dict[str, str]) -> None:
+    """In Z's child: become L, a fresh interpreter holding only its socket to Z. Never returns."""
     try:
-        os.setsid()
-        for target, fd in enumerate([pipes[0][0], pipes[1][1], pipes[2][1], pipes[3][1]]):
-            os.dup2(fd, target)
+        isolation.set_parent_death_signal()
+        os.dup2(sock_fd, 3)
+        os.set_inheritable(3, True)
         os.closerange(4, 1 << 16)
-        os.chdir(scratch)
-        os.environ.clear()
-        os.environ.update(JOB_ENV, HOME=scratch, TMPDIR=scratch)
-        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # over-size writes raise OSError instead
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-        isolation.enter_job_sandbox(limits, mode, uid)
-        os.write(3, b"1")
-        os.close(3)
-    except BaseException as exc:  # noqa: BLE001 - anything here is the sandbox's fault
-        os.write(2, f"sandboxd: job setup failed: {exc!r}\n".encode())
-        os._exit(EXIT_SETUP_FAILED)
-    os._exit(runner.run(code))
+        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        code = (
+            f"import sys; sys.path.insert(0, {root!r}); from sandboxd.zygote import light_main; "
+            "light_main(3)"
+        )
+        os.execve(sys.executable, [sys.executable, "-I", "-c", code], env)
+    finally:
+        os._exit(job.EXIT_SETUP_FAILED)
 
 
-def _pump(
-    pid: int,
-    pipes: list[tuple[int, int]],
-    stdin: bytes,
-    timeout_s: float,
-    max_output_bytes: int,
-    start: float,
-) -> dict[str, Any]:
-    """Feed stdin, drain outputs with a cap, wait for exit or deadline; kill the job's tree."""
-    stdin_w, out_r, err_r, ready_r = pipes[0][1], pipes[1][0], pipes[2][0], pipes[3][0]
-    os.set_blocking(stdin_w, False)
-    bufs = {out_r: bytearray(), err_r: bytearray(), ready_r: bytearray()}
-    pidfd = os.pidfd_open(pid)
-    poller = select.poll()
-    for fd in bufs:
-        poller.register(fd, select.POLLIN)
-    poller.register(pidfd, select.POLLIN)
-    if stdin:
-        poller.register(stdin_w, select.POLLOUT)
-    else:
-        os.close(stdin_w)
-    open_fds = set(bufs) | {pidfd} | ({stdin_w} if stdin else set())
-    deadline = start + timeout_s
-    timed_out = over_limit = exited = False
-    sent = 0
-    while not exited:
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            timed_out = True
-            break
-        for fd, _ev in poller.poll(remaining * 1000):
-            if fd == pidfd:
-                exited = True
-            elif fd == stdin_w:
-                try:
-                    sent += os.write(stdin_w, stdin[sent : sent + 65536])
-                except BlockingIOError:
-                    pass
-                except BrokenPipeError:
-                    sent = len(stdin)  # the snippet closed its stdin; the rest is dropped
-                if sent >= len(stdin):
-                    poller.unregister(stdin_w)
-                    os.close(stdin_w)
-                    open_fds.discard(stdin_w)
-            else:
-                if not _read_into(fd, bufs, poller, open_fds):
-                    continue
-                if len(bufs[out_r]) + len(bufs[err_r]) > max_output_bytes:
-                    over_limit = True
-                    exited = True
-    _kill_tree(pid)
-    _, status, rusage = _wait4(pid)
-    duration_s = time.monotonic() - start
-    _drain(bufs, poller, open_fds, pidfd)
-    for fd in open_fds:
-        os.close(fd)
-    return {
-        "status_word": status,
-        "rusage_cpu_s": rusage.ru_utime + rusage.ru_stime if rusage else 0.0,
-        "stdout": bytes(bufs[out_r]),
-        "stderr": bytes(bufs[err_r]),
-        "ready": bytes(bufs[ready_r]) == b"1",
-        "timed_out": timed_out,
-        "over_limit": over_limit,
-        "duration_s": duration_s,
-        "max_output_bytes": max_output_bytes,
-    }
+def light_main(sock_fd: int) -> None:
+    """Entry point of L, exec'd by Z inside the slot (same namespaces, filesystem, seccomp)."""
+    isolation.prctl(isolation.PR_SET_DUMPABLE, 0)  # NOTE: the exec made us dumpable again
+    isolation.set_parent_death_signal()
+    isolation.prctl(isolation.PR_SET_CHILD_SUBREAPER, 1)  # NOTE: our jobs' orphans come to us
+    sock = socket.socket(fileno=sock_fd)
+    setup = recv_msg(sock)
+    if setup is None:
+        return
+    _preload(setup["preload"])
+    slot = SlotInfo(**setup["slot"])
+    job.prepare_runner(slot)
+    gc.collect()
+    gc.freeze()
+    slot.base_vm = job.vm_size_bytes()
+    send_msg(sock, {"modules": sorted({m.split(".")[0] for m in sys.modules})})
 
+    def kill_tree(pid: int) -> None:
+        job.kill_quietly(pid)  # NOTE: the job process may still be root, in its set-up
+        send_frame(sock, _KILL)  # Z kills everything running as the slot's uid
+        if recv_frame(sock) != _KILLED:
+            os._exit(0)  # Z is gone, and the slot's namespace with it
 
-def _read_into(
-    fd: int, bufs: dict[int, bytearray], poller: select.poll, open_fds: set[int]
-) -> bool:
-    try:
-        data = os.read(fd, 1 << 16)
-    except BlockingIOError:
-        return False
-    if not data:
-        poller.unregister(fd)
-        os.close(fd)
-        open_fds.discard(fd)
-        return False
-    bufs[fd] += data
-    return True
-
-
-def _drain(bufs: dict[int, bytearray], poller: select.poll, open_fds: set[int], pidfd: int) -> None:
-    """After the tree is dead, collect what is still buffered in the pipes (bounded)."""
-    poller.unregister(pidfd)
-    for fd in list(bufs):
-        if fd in open_fds:
-            os.set_blocking(fd, False)
-    end = time.monotonic() + 1.0
-    while time.monotonic() < end and any(fd in open_fds for fd in bufs):
-        for fd in [f for f in bufs if f in open_fds]:
-            if len(bufs[fd]) > (1 << 26):
-                poller.unregister(fd)
-                os.close(fd)
-                open_fds.discard(fd)
-                continue
-            if not _read_into(fd, bufs, poller, open_fds):
-                time.sleep(0.001)
-
-
-def _kill_tree(pid: int) -> None:
-    """Kill every process of the job. NOTE: kill(-1) only as PID 1 of the slot's own namespace."""
-    if os.getpid() == 1:
+    while True:
+        request = recv_msg(sock)
+        if request is None:
+            return
         try:
-            os.kill(-1, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    else:
-        try:
-            os.killpg(pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-
-
-def _wait4(pid: int) -> tuple[int, int, Any]:
-    """Reap the job process, then every orphan reparented to us (zombies), within a bound."""
-    got: tuple[int, int, Any]
-    try:
-        got = os.wait4(pid, 0)
-    except ChildProcessError:
-        got = (pid, 0, None)
-    end = time.monotonic() + 2.0
-    while time.monotonic() < end:
-        try:
-            reaped, _ = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            break
-        if reaped == 0:
-            time.sleep(0.001)
-    return got
-
-
-def _decode(data: bytes, limit: int) -> str:
-    return data[:limit].decode("utf-8", errors="replace")
-
-
-def _classify(o: dict[str, Any], limits: JobLimits) -> dict[str, Any]:
-    status_word = o["status_word"]
-    if os.WIFSIGNALED(status_word):
-        exit_code: int | None = -os.WTERMSIG(status_word)
-    else:
-        exit_code = os.WEXITSTATUS(status_word)
-    stderr = _decode(o["stderr"], o["max_output_bytes"])
-    last_line = next((ln for ln in reversed(stderr.splitlines()) if ln.strip()), "")
-    cpu_killed = (
-        exit_code in (-signal.SIGXCPU, -signal.SIGKILL) and o["rusage_cpu_s"] >= limits.cpu_s - 0.05
-    )
-    if o["over_limit"]:
-        status = "output_limit"
-    elif o["timed_out"] or cpu_killed:
-        status = "timeout"
-    elif not o["ready"]:
-        status, stderr = "sandbox_error", "job process failed before running the snippet: " + stderr
-    elif exit_code == 0:
-        status = "ok"
-    elif _MEMORY_RE.match(last_line):
-        status = "memory"
-    else:
-        status = "error"
-    if status in ("timeout", "output_limit") and exit_code == -signal.SIGKILL:
-        exit_code = None  # killed by us, not a code the snippet chose
-    return {
-        "status": status,
-        "stdout": _decode(o["stdout"], o["max_output_bytes"]),
-        "stderr": stderr,
-        "exit_code": exit_code,
-        "duration_s": round(o["duration_s"], 6),
-    }
+            # NOTE: L keeps the SIGINT handler every interpreter starts with; its jobs inherit it.
+            result = job.run_job(request, slot, kill_tree, install_sigint=False)
+        except Exception as exc:  # noqa: BLE001 - reported as an infrastructure failure
+            result = _error(f"light runner: {exc!r}")
+        send_msg(sock, result)

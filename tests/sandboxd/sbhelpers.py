@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import urllib.error
 import urllib.request
 
@@ -24,3 +25,56 @@ def run_jobs(url: str, jobs: list[dict]) -> list[dict]:
     status, body = post_json(url + "/v1/batch", {"jobs": jobs})
     assert status == 200, body
     return body["results"]  # type: ignore[index]
+
+
+def processes_below(daemon_pid: int) -> dict[int, int]:
+    """pid -> depth below the daemon, for every process in the daemon's tree."""
+    parent_of: dict[int, int] = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                with open(f"/proc/{name}/stat") as f:
+                    parent_of[int(name)] = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+    depths = {}
+    for pid in parent_of:
+        depth, up = 0, pid
+        while up in parent_of and up != daemon_pid:
+            up, depth = parent_of[up], depth + 1
+        if up == daemon_pid:
+            depths[pid] = depth
+    return depths
+
+
+def _is_light_runner(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return b"light_main" in f.read()
+    except OSError:
+        return False
+
+
+def light_runner_pids(daemon_pid: int) -> list[int]:
+    """The slots' light runners: children of a zygote, exec'd from our own interpreter."""
+    return [
+        pid
+        for pid, depth in processes_below(daemon_pid).items()
+        if depth == 4 and _is_light_runner(pid)
+    ]
+
+
+def leftover_job_pids(daemon_pid: int) -> list[int]:
+    """Processes below this daemon that are neither a zygote, a light runner, nor their parents.
+
+    Every job process (and anything it spawned, setsid or not) lives below the daemon in the
+    host's process tree; after a job is answered there must be none left.
+    """
+    # daemon -> fork server (1) -> slot process (2) -> zygote (3) -> jobs or light runner (4)
+    # -> the light runner's jobs (5 and deeper)
+    depths = processes_below(daemon_pid)
+    return [
+        pid
+        for pid, depth in depths.items()
+        if depth >= 4 and not (depth == 4 and _is_light_runner(pid))
+    ]

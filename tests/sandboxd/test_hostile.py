@@ -1,5 +1,9 @@
 """Hostile snippets against a real daemon: right status, daemon still serving, nothing left behind.
 
+As root a slot runs most jobs in its light runner and jobs naming numpy/sympy in its zygote; the
+key snippets run both ways (the `-heavy` ids prepend `import numpy`). Without root every job runs
+in the zygote and both ways are the same.
+
 `test_00_isolation_gate` runs first and stops the whole session (pytest.exit) unless snippets
 run without host root and inside their own PID namespace: a fork bomb or kill(-1) from host root
 would take the machine down, test runner included. No bomb runs before that gate has passed.
@@ -11,42 +15,17 @@ import os
 import uuid
 
 import pytest
-from sbhelpers import SECRET, run_jobs
+from sbhelpers import SECRET, leftover_job_pids, run_jobs
 
 pytestmark = pytest.mark.integration
 _gate_passed = False
-
-
-def _leftover_job_pids(daemon_pid: int) -> list[int]:
-    """Processes below this daemon that are neither a zygote nor its slot/fork-server parents.
-
-    Every job process (and anything it spawned, setsid or not) lives below the daemon in the
-    host's process tree; after a job is answered there must be none left.
-    """
-    parent_of: dict[int, int] = {}
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            try:
-                with open(f"/proc/{name}/stat") as f:
-                    parent_of[int(name)] = int(f.read().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-
-    def depth_below_daemon(pid: int) -> int | None:
-        depth = 0
-        while pid in parent_of and pid != daemon_pid:
-            pid, depth = parent_of[pid], depth + 1
-        return depth if pid == daemon_pid else None
-
-    # daemon -> fork server (1) -> slot process (2) -> zygote (3) -> jobs (4 and deeper)
-    return [pid for pid in parent_of if (depth_below_daemon(pid) or 0) >= 4]
 
 
 def _check_after(handle) -> None:
     """The daemon still serves, and no process of any job survives it."""
     ok = run_jobs(handle.url, [{"code": "print(6*7)"}])[0]
     assert ok["status"] == "ok" and ok["stdout"] == "42\n", ok
-    assert _leftover_job_pids(handle.process.pid) == []
+    assert leftover_job_pids(handle.process.pid) == []
 
 
 def test_00_isolation_gate(daemon):
@@ -249,7 +228,24 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("name,code,expected,check", CASES, ids=[c[0] for c in CASES])
+# Run a second time forced onto the zygote: the ways to kill, reap and limit a job differ per runner.
+BOTH_RUNNERS = {
+    "fork_bomb",
+    "memory_bomb",
+    "kill_parent",
+    "zombies",
+    "sleep_past_timeout",
+    "read_daemon_env",
+}
+HEAVY = "import numpy\n"  # naming a module only the zygote has loaded routes the job there
+PARAMS = [pytest.param(*case, id=case[0]) for case in CASES] + [
+    pytest.param(name, HEAVY + code, expected, check, id=f"{name}-heavy")
+    for name, code, expected, check in CASES
+    if name in BOTH_RUNNERS
+]
+
+
+@pytest.mark.parametrize("name,code,expected,check", PARAMS)
 def test_hostile_snippet(hostile, name, code, expected, check):
     port = hostile.url.rsplit(":", 1)[1]
     # Expected timeouts get a short limit; everything else keeps the daemon's 5 s of slack, so a
@@ -264,9 +260,10 @@ def test_hostile_snippet(hostile, name, code, expected, check):
         assert check(res), (name, res)
 
 
-def test_setsid_double_fork_is_killed(hostile):
+@pytest.mark.parametrize("prefix", ["", HEAVY], ids=["light", "heavy"])
+def test_setsid_double_fork_is_killed(hostile, prefix):
     marker = f"late-{uuid.uuid4().hex}"
-    code = (
+    code = prefix + (
         "import os, time\n"
         "if os.fork() == 0:\n"
         "    os.setsid()\n"
@@ -283,7 +280,7 @@ def test_setsid_double_fork_is_killed(hostile):
     )
     res = run_jobs(hostile.url, [{"code": code}])[0]
     assert res["status"] == "ok"
-    assert _leftover_job_pids(hostile.process.pid) == []
+    assert leftover_job_pids(hostile.process.pid) == []
     # Both slots look for the marker after the grandchild would have written it.
     look = f"import time, os\ntime.sleep(1.0)\nprint([d for d in ('/tmp', '/work', '.') if os.path.exists(d + '/{marker}')])\n"
     results = run_jobs(hostile.url, [{"code": look}, {"code": look}])
@@ -342,7 +339,7 @@ def test_leftover_detector_sees_a_running_job(hostile):
     seen: list[int] = []
     deadline = time.monotonic() + 5.0
     while not seen and time.monotonic() < deadline:
-        seen = _leftover_job_pids(hostile.process.pid)
+        seen = leftover_job_pids(hostile.process.pid)
         time.sleep(0.05)
     worker.join(30)
     assert seen

@@ -1,0 +1,410 @@
+"""One job in one slot: fork a sandboxed child, feed and drain it, kill its tree, reap, wipe.
+
+What it does: `run_job` is the per-job logic shared by a slot's two runners (see
+`sandboxd.zygote`): the zygote (math stack preloaded) and the light runner (standard library
+only). Both call it with the same request and get the same result dict back. The caller passes
+`kill_tree`, because only it knows the safe way to kill every process of the job where it runs:
+`tree_killer` gives the zygote's; the light runner asks its zygote. Limits are the kernel's:
+rlimits, uid and seccomp are in place before the snippet's first line runs.
+
+What it does not: no framing, no routing between runners, no namespaces or mounts
+(sandboxd.zygote, sandboxd.isolation).
+
+Tested through a real daemon in tests/sandboxd/ (both runners, hostile snippets included).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import select
+import shutil
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from sandboxd import isolation, runner
+from sandboxd.isolation import JobLimits
+
+EXIT_SETUP_FAILED = 121
+_MEMORY_RE = re.compile(r"^[\w.]*MemoryError\b")
+_REAP_BOUND_S = 2.0
+JOB_ENV = {
+    "PATH": "/usr/local/bin:/usr/bin:/bin",
+    "LANG": "C.UTF-8",
+    "OPENBLAS_NUM_THREADS": "1",
+    "OMP_NUM_THREADS": "1",
+    "MKL_NUM_THREADS": "1",
+}
+
+
+@dataclass
+class SlotInfo:
+    """What a runner needs to know about its slot to run jobs there (plain data: sent to L)."""
+
+    index: int
+    uid: int  # the slot's job uid (used in the root modes only)
+    mode: str  # Layers.mode
+    pid_namespace: bool
+    scratch: str  # the job's cwd, HOME and TMPDIR
+    private_tmp: bool  # scratch lies on the slot's private tmpfs, which is wiped whole per job
+    protected: list[str]  # interpreter dirs bound back inside that tmpfs: never wiped
+    memory_mb: int
+    max_procs: int
+    disk_mb: int
+    max_output_bytes: int
+    base_vm: int = 0  # the calling runner's own VmSize: jobs may add memory_mb on top of it
+
+
+def vm_size_bytes() -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmSize:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def prepare_runner(slot: SlotInfo) -> None:
+    """Give the calling runner the jobs' environment and SIGXFSZ disposition once, for all jobs.
+
+    NOTE: the runner never reads its environment again; L is exec'd with its own.
+    """
+    os.environ.clear()
+    os.environ.update(JOB_ENV, HOME=slot.scratch, TMPDIR=slot.scratch)
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # over-size writes raise OSError instead
+
+
+def uid_killing(slot: SlotInfo) -> bool:
+    """Whether jobs of this slot are killed by uid (see `isolation.signal_uid`)."""
+    return slot.mode == "root" and slot.pid_namespace
+
+
+def tree_killer(slot: SlotInfo) -> Callable[[int], None]:
+    """The zygote's way to kill a job's whole tree, setsid'd grandchildren included."""
+    if uid_killing(slot):
+        return lambda pid: _kill_by_uid(pid, slot.uid)
+    if os.getpid() == 1:
+        return _kill_as_init
+    return _kill_group
+
+
+def _kill_by_uid(pid: int, uid: int) -> None:
+    # NOTE: the job process itself first: until its setresuid it still runs as root.
+    kill_quietly(pid)
+    isolation.signal_uid(uid, signal.SIGKILL)
+
+
+def _kill_as_init(pid: int) -> None:
+    # NOTE: kill(-1) is only safe from PID 1 of the slot's own namespace: it reaches every process
+    # in it but never the caller (and nothing outside). Used when jobs share the zygote's uid.
+    try:
+        os.kill(-1, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def _kill_group(pid: int) -> None:
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def kill_quietly(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def run_job(
+    request: dict[str, Any],
+    slot: SlotInfo,
+    kill_tree: Callable[[int], None],
+    spare_pid: int | None = None,
+    install_sigint: bool = True,
+) -> dict[str, Any]:
+    """Run one request; `spare_pid` is a child of the caller that is not part of any job.
+
+    `install_sigint`: give the job Python's SIGINT handler (KeyboardInterrupt), for a runner that
+    has none itself. NOTE: the zygote must have none (see `isolation.signal_uid`).
+    """
+    timeout_s = float(request["timeout_s"])
+    limits = JobLimits(
+        cpu_s=int(timeout_s) + 1,
+        address_space_bytes=slot.base_vm + slot.memory_mb * 2**20,
+        max_procs=slot.max_procs,
+        max_file_bytes=slot.disk_mb * 2**20,
+    )
+    _make_scratch(slot)
+    pipes = [os.pipe() for _ in range(4)]  # stdin, stdout, stderr, ready
+    start = time.monotonic()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            _child_main(request["code"], slot, pipes, limits, install_sigint)
+        finally:
+            os._exit(EXIT_SETUP_FAILED)  # NOTE: a job process never returns into a runner's loop
+    for i, (r, w) in enumerate(pipes):
+        os.close(r if i == 0 else w)
+    try:
+        outcome = _pump(
+            pid,
+            pipes,
+            request.get("stdin", "").encode("utf-8", "replace"),
+            timeout_s,
+            slot.max_output_bytes,
+            start,
+            kill_tree,
+            spare_pid,
+        )
+    finally:
+        wipe(slot)
+    return _classify(outcome, limits)
+
+
+def _make_scratch(slot: SlotInfo) -> None:
+    os.makedirs(slot.scratch, mode=0o700, exist_ok=True)
+    if slot.mode.startswith("root"):
+        os.chown(slot.scratch, slot.uid, slot.uid)
+
+
+def wipe(slot: SlotInfo) -> None:
+    """Remove everything the job wrote: the whole private tmpfs, or else its scratch dir."""
+    if not slot.private_tmp:
+        shutil.rmtree(slot.scratch, ignore_errors=True)
+        return
+    for top in isolation.TMPFS_DIRS:
+        try:
+            entries = list(os.scandir(top))
+        except OSError:
+            continue
+        for entry in entries:
+            if entry.path in slot.protected:
+                continue
+            if entry.is_dir(follow_symlinks=False):
+                shutil.rmtree(entry.path, ignore_errors=True)
+            else:
+                try:
+                    os.unlink(entry.path)
+                except OSError:
+                    pass
+
+
+def _child_main(
+    code: str,
+    slot: SlotInfo,
+    pipes: list[tuple[int, int]],
+    limits: JobLimits,
+    install_sigint: bool,
+) -> None:
+    """In the forked job process: wire fds, sandbox itself, signal readiness, run. Never returns."""
+    try:
+        os.setsid()
+        for target, fd in enumerate([pipes[0][0], pipes[1][1], pipes[2][1], pipes[3][1]]):
+            os.dup2(fd, target)
+        os.closerange(4, 1 << 16)
+        os.chdir(slot.scratch)
+        if install_sigint:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+        isolation.enter_job_sandbox(limits, slot.mode, slot.uid)
+        os.write(3, b"1")
+        os.close(3)
+    except BaseException as exc:  # noqa: BLE001 - anything here is the sandbox's fault
+        os.write(2, f"sandboxd: job setup failed: {exc!r}\n".encode())
+        os._exit(EXIT_SETUP_FAILED)
+    os._exit(runner.run(code))
+
+
+def _pump(
+    pid: int,
+    pipes: list[tuple[int, int]],
+    stdin: bytes,
+    timeout_s: float,
+    max_output_bytes: int,
+    start: float,
+    kill_tree: Callable[[int], None],
+    spare_pid: int | None,
+) -> dict[str, Any]:
+    """Feed stdin, drain outputs with a cap, wait for exit or deadline; kill the tree, reap."""
+    stdin_w, out_r, err_r, ready_r = pipes[0][1], pipes[1][0], pipes[2][0], pipes[3][0]
+    os.set_blocking(stdin_w, False)
+    # NOTE: the ready pipe is read once the job is over, so that it wakes us one time less.
+    bufs = {out_r: bytearray(), err_r: bytearray()}
+    pidfd = os.pidfd_open(pid)
+    poller = select.poll()
+    for fd in bufs:
+        poller.register(fd, select.POLLIN)
+    poller.register(pidfd, select.POLLIN)
+    if stdin:
+        poller.register(stdin_w, select.POLLOUT)
+    else:
+        os.close(stdin_w)
+    open_fds = set(bufs) | {pidfd} | ({stdin_w} if stdin else set())
+    deadline = start + timeout_s
+    timed_out = over_limit = exited = False
+    sent = 0
+    while not exited:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            timed_out = True
+            break
+        for fd, _ev in poller.poll(remaining * 1000):
+            if fd == pidfd:
+                exited = True
+            elif fd == stdin_w:
+                try:
+                    sent += os.write(stdin_w, stdin[sent : sent + 65536])
+                except BlockingIOError:
+                    pass
+                except BrokenPipeError:
+                    sent = len(stdin)  # the snippet closed its stdin; the rest is dropped
+                if sent >= len(stdin):
+                    poller.unregister(stdin_w)
+                    os.close(stdin_w)
+                    open_fds.discard(stdin_w)
+            else:
+                _read_into(fd, bufs, poller, open_fds)
+                if len(bufs[out_r]) + len(bufs[err_r]) > max_output_bytes:
+                    over_limit = True
+                    exited = True
+    status_word, cpu_s = _kill_and_reap(pid, kill_tree, spare_pid)
+    duration_s = time.monotonic() - start
+    _drain(bufs, poller, open_fds, pidfd)
+    for fd in open_fds:
+        os.close(fd)
+    return {
+        "status_word": status_word,
+        "rusage_cpu_s": cpu_s,
+        "duration_s": duration_s,
+        "stdout": bytes(bufs[out_r]),
+        "stderr": bytes(bufs[err_r]),
+        "ready": _was_ready(ready_r),
+        "timed_out": timed_out,
+        "over_limit": over_limit,
+        "max_output_bytes": max_output_bytes,
+    }
+
+
+def _read_into(
+    fd: int, bufs: dict[int, bytearray], poller: select.poll, open_fds: set[int]
+) -> bool:
+    """Read what `fd` holds (closing it at EOF); False if it had nothing ready yet."""
+    try:
+        data = os.read(fd, 1 << 16)
+    except BlockingIOError:
+        return False
+    if data:
+        bufs[fd] += data
+    else:
+        poller.unregister(fd)
+        os.close(fd)
+        open_fds.discard(fd)
+    return True
+
+
+def _drain(bufs: dict[int, bytearray], poller: select.poll, open_fds: set[int], pidfd: int) -> None:
+    """After the tree is dead, collect what is still buffered in the pipes (bounded)."""
+    poller.unregister(pidfd)
+    for fd in list(bufs):
+        if fd in open_fds:
+            os.set_blocking(fd, False)
+    end = time.monotonic() + 1.0
+    while time.monotonic() < end and any(fd in open_fds for fd in bufs):
+        for fd in [f for f in bufs if f in open_fds]:
+            if len(bufs[fd]) > (1 << 26):
+                poller.unregister(fd)
+                os.close(fd)
+                open_fds.discard(fd)
+                continue
+            if not _read_into(fd, bufs, poller, open_fds):
+                time.sleep(0.001)  # NOTE: only while a pipe is still open but empty
+
+
+def _was_ready(ready_r: int) -> bool:
+    """Whether the job process got as far as running the snippet (it writes "1" just before)."""
+    os.set_blocking(ready_r, False)
+    try:
+        return os.read(ready_r, 1) == b"1"
+    except BlockingIOError:
+        return False
+    finally:
+        os.close(ready_r)
+
+
+def _kill_and_reap(
+    pid: int, kill_tree: Callable[[int], None], spare_pid: int | None
+) -> tuple[int, float]:
+    """Kill the job's tree, reap the job process and its orphans; -> (wait status, CPU seconds)."""
+    kill_tree(pid)
+    try:
+        _, status, rusage = os.wait4(pid, 0)
+        got = status, rusage.ru_utime + rusage.ru_stime
+    except ChildProcessError:
+        got = 0, 0.0
+    reap_orphans(spare_pid)
+    return got
+
+
+def reap_orphans(spare_pid: int | None) -> None:
+    """Reap children until none but `spare_pid` is left (bounded in time).
+
+    NOTE: the caller is the slot's PID 1 or a child subreaper, so every process of a killed job
+    is or becomes its child: an orphan is reparented to it before its own parent is reaped. No
+    child left (but the spare) therefore means the job's whole tree is gone.
+    """
+    end = time.monotonic() + _REAP_BOUND_S
+    while time.monotonic() < end:
+        try:
+            reaped, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if reaped == 0:
+            if spare_pid is not None and _children() <= {spare_pid}:
+                return
+            time.sleep(0.001)
+
+
+def _children() -> set[int]:
+    with open(f"/proc/self/task/{os.getpid()}/children") as f:
+        return {int(pid) for pid in f.read().split()}
+
+
+def _decode(data: bytes, limit: int) -> str:
+    return data[:limit].decode("utf-8", errors="replace")
+
+
+def _classify(o: dict[str, Any], limits: JobLimits) -> dict[str, Any]:
+    status_word = o["status_word"]
+    if os.WIFSIGNALED(status_word):
+        exit_code: int | None = -os.WTERMSIG(status_word)
+    else:
+        exit_code = os.WEXITSTATUS(status_word)
+    stderr = _decode(o["stderr"], o["max_output_bytes"])
+    last_line = next((ln for ln in reversed(stderr.splitlines()) if ln.strip()), "")
+    cpu_killed = (
+        exit_code in (-signal.SIGXCPU, -signal.SIGKILL) and o["rusage_cpu_s"] >= limits.cpu_s - 0.05
+    )
+    if o["over_limit"]:
+        status = "output_limit"
+    elif o["timed_out"] or cpu_killed:
+        status = "timeout"
+    elif not o["ready"]:
+        status, stderr = "sandbox_error", "job process failed before running the snippet: " + stderr
+    elif exit_code == 0:
+        status = "ok"
+    elif _MEMORY_RE.match(last_line):
+        status = "memory"
+    else:
+        status = "error"
+    if status in ("timeout", "output_limit") and exit_code == -signal.SIGKILL:
+        exit_code = None  # killed by us, not a code the snippet chose
+    return {
+        "status": status,
+        "stdout": _decode(o["stdout"], o["max_output_bytes"]),
+        "stderr": stderr,
+        "exit_code": exit_code,
+        "duration_s": round(o["duration_s"], 6),
+    }
