@@ -42,7 +42,7 @@ class QuickstartSettings:
     eval_samples: int = 4
     eval_temperature: float = 0.6
     eval_max_turns: int = 3
-    eval_max_response_tokens: int = 192
+    eval_max_response_tokens: int = 384
 
 
 def plan_steps(out: Path, s: QuickstartSettings) -> list[Step]:

@@ -60,6 +60,13 @@ class DataConfig(RecipeModel):
         description="arith sources: share of transcripts whose first tool call fails (NameError or "
         "SyntaxError) and is then corrected, so RL starts with tool errors to reduce.",
     )
+    direct_fraction: float = Field(
+        0.0,
+        ge=0.0,
+        le=1.0,
+        description="arith sources: share of transcripts that answer without the tool, by "
+        "'mental arithmetic' a tiny model cannot do, so RL has a tool-use habit to learn.",
+    )
     template: Literal["paper", "release"] = Field(
         "paper",
         description="Chat template of the protocol core; must match the one used at RL time "

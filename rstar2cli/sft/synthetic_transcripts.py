@@ -9,7 +9,10 @@ protocol's own layout (`rstar2cli.sft.data.render_chat` turns it into the RL pro
     <reason> [masked]  The tool printed 1522.</reason>
                        <answer>\\boxed{1522}</answer><|im_end|>
 
-A share `error_fraction` of transcripts first makes a call that fails (a misspelt variable:
+A share `direct_fraction` answers at once, without the tool ("mental arithmetic" the model
+cannot actually do, so at inference such answers are mostly wrong): the SFT'd model then uses the
+tool only some of the time, and RL has the paper's lesson to learn, that calling the tool pays.
+Of the transcripts that use the tool, a share `error_fraction` first makes a call that fails (a misspelt variable:
 NameError, or an unclosed parenthesis: SyntaxError), reads the real traceback and then makes the
 corrected call, so RL starts from correct trajectories that contain tool errors (GRPO-RoC then
 learns to avoid them). Every tool output is real: the code is executed here, in-process, compiled
@@ -42,6 +45,7 @@ _FIXES = (
     "That call had an error; I will correct it.",
 )
 _FINALS = ("The tool printed {out}.", "The result is {out}.")
+_DIRECT = ("I can do this in my head: {expr} = {out}.", "Mental arithmetic: {expr} = {out}.")
 
 
 def expression_of(question: str) -> str:
@@ -85,8 +89,13 @@ def _call_turn(text: str, code: str) -> tuple[Message, Message]:
     return call, Message("tool", P.format_tool_output(status, stdout, stderr))
 
 
+def _final_turn(reasoning: str, answer: str) -> Message:
+    answer_block = f"{P.ANSWER_OPEN}\\boxed{{{answer}}}{P.ANSWER_CLOSE}"
+    return Message("assistant", f"{reasoning}{P.REASON_CLOSE}\n{answer_block}")
+
+
 def make_transcript(
-    row: dict, rng: random.Random, with_error: bool, template: str = "paper"
+    row: dict, rng: random.Random, with_error: bool, template: str = "paper", direct: bool = False
 ) -> Chat:
     question, answer = str(row["question"]), str(row["answer"]).strip()
     expr = expression_of(question)
@@ -97,6 +106,9 @@ def make_transcript(
     # NOTE: the paper template opens every assistant turn with <reason> itself; under the release
     # template the model writes it.
     opener = "" if P.assistant_prefix(template) else P.REASON_OPEN
+    if direct:
+        text = rng.choice(_DIRECT).format(expr=expr, out=answer)
+        return Chat([*messages, _final_turn(opener + text, answer)])
     plan = rng.choice(_PLANS).format(expr=expr)
     if with_error:
         messages += _call_turn(opener + plan, broken_code(expr, rng))
@@ -108,23 +120,28 @@ def make_transcript(
     if out != answer:
         raise ConvertError(f"tool output {out[:40]!r} differs from the reference answer {answer!r}")
     final = rng.choice(_FINALS).format(out=out)
-    answer_block = f"{P.ANSWER_OPEN}\\boxed{{{out}}}{P.ANSWER_CLOSE}"
-    messages.append(Message("assistant", f"{opener}{final}{P.REASON_CLOSE}\n{answer_block}"))
-    return Chat(messages)
+    return Chat([*messages, _final_turn(opener + final, out)])
 
 
 def make_transcripts(
-    rows: list[dict], error_fraction: float, seed: int, template: str = "paper"
+    rows: list[dict],
+    error_fraction: float,
+    seed: int,
+    template: str = "paper",
+    direct_fraction: float = 0.0,
 ) -> list[Chat | ConvertError]:
     """One transcript (or the reason there is none) per row, in order; deterministic in `seed`."""
     rng = random.Random(f"sft-transcripts:{seed}")
+    direct_rng = random.Random(f"sft-direct:{seed}")
     out: list[Chat | ConvertError] = []
     for row in rows:
         with_error = rng.random() < error_fraction
+        # NOTE: drawn from its own stream, so direct_fraction=0 keeps the transcripts of before
+        direct = direct_rng.random() < direct_fraction
         try:
             if "question" not in row or "answer" not in row:
                 raise ConvertError("an arith row needs 'question' and 'answer'")
-            out.append(make_transcript(row, rng, with_error, template))
+            out.append(make_transcript(row, rng, with_error and not direct, template, direct))
         except ConvertError as exc:
             out.append(exc)
     return out

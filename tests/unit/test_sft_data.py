@@ -11,7 +11,12 @@ from rstar2cli import protocol as P
 from rstar2cli.sft.convert import ConvertError, convert_record
 from rstar2cli.sft.data import build_examples, render_chat, tokenize_chat
 from rstar2cli.sft.recipe import DataConfig
-from rstar2cli.sft.synthetic_transcripts import make_transcript, make_transcripts, run_code
+from rstar2cli.sft.synthetic_transcripts import (
+    expression_of,
+    make_transcript,
+    make_transcripts,
+    run_code,
+)
 
 WEATHER = {
     "name": "get_weather",
@@ -359,3 +364,26 @@ def test_packed_loss_equals_unpacked_loss(tiny_model_dir):
         loss_leaky = forward_loss_sum(model, leaky) / packed.num_targets
     assert torch.allclose(loss_packed, loss_unpacked, rtol=1e-5, atol=1e-5)
     assert not torch.allclose(loss_leaky, loss_unpacked, rtol=1e-4, atol=1e-4)
+
+
+def test_direct_transcripts_answer_without_the_tool_and_leave_the_others_unchanged():
+    rows = [
+        {"question": f"Compute {a}*{a + 3}+7.", "answer": str(a * (a + 3) + 7)}
+        for a in range(11, 71)
+    ]
+    before = make_transcripts(rows, error_fraction=0.3, seed=2)
+    assert make_transcripts(rows, error_fraction=0.3, seed=2, direct_fraction=0.0) == before
+    mixed = make_transcripts(rows, error_fraction=0.3, seed=2, direct_fraction=0.5)
+    direct = [
+        (r, c)
+        for r, c in zip(rows, mixed, strict=True)
+        if not c.messages[-1].calls and len(c.messages) == 3
+    ]
+    assert 15 <= len(direct) <= 45
+    for row, chat in direct:
+        last = chat.messages[-1]
+        assert last.role == "assistant" and not any(m.role == "tool" for m in chat.messages)
+        assert P.extract_answer(last.content, strict=True) == row["answer"]
+        assert expression_of(row["question"]) in last.content
+    with_tool = [c for c in mixed if any(m.role == "tool" for m in c.messages)]
+    assert len(with_tool) == len(rows) - len(direct)
