@@ -155,13 +155,13 @@ def main() -> None:
     ]
     pct = {"err_first_half", "err_second_half", "err_all"}
     print(
-        f"\n{'run':<10}" + "".join(f"{c:>27}" if i == 0 else f"{c:>16}" for i, c in enumerate(cols))
+        f"\n{'run':<10}" + "".join(f"{c:>27}" if i == 0 else f"{c:>20}" for i, c in enumerate(cols))
     )
     for name, s in summary.items():
         print(
             f"{name:<10}"
             + "".join(
-                f"{fmt(s[k], k in pct):>27}" if i == 0 else f"{fmt(s[k], k in pct):>16}"
+                f"{fmt(s[k], k in pct):>27}" if i == 0 else f"{fmt(s[k], k in pct):>20}"
                 for i, k in enumerate(keys)
             )
         )
