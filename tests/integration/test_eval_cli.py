@@ -24,6 +24,7 @@ import urllib.request
 from contextlib import contextmanager
 
 import pytest
+from clihelpers import OFFLINE, run_cli
 
 
 def _flat(text: str) -> str:
@@ -33,8 +34,6 @@ def _flat(text: str) -> str:
 
 pytestmark = pytest.mark.integration
 
-RSTAR2 = [sys.executable, "-m", "rstar2cli.cli"]
-OFFLINE = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
 RECORD_KEYS = {
     "id",
     "sample",
@@ -57,13 +56,6 @@ RECORD_KEYS = {
     "num_response_tokens",
 }
 FINISH = {"answer", "no_answer", "max_turns", "budget", "engine_error"}
-
-
-def _cli(*args, timeout=600):
-    env = {**os.environ, **OFFLINE}
-    return subprocess.run(
-        [*RSTAR2, *map(str, args)], capture_output=True, text=True, timeout=timeout, env=env
-    )
 
 
 def _bench(tmp_path, eval_data_dir, num=3):
@@ -111,7 +103,7 @@ def test_eval_tiny_model_real_daemon_then_resume(tmp_path, tiny_model_dir, eval_
         "tiny-sft",
     ]
     with spawn_daemon(workers=2) as daemon:
-        first = _cli(*common, "--n", 2, "--sandbox", daemon.url)
+        first = run_cli(*common, "--n", 2, "--sandbox", daemon.url)
         assert first.returncode == 0, first.stderr[-3000:]
         rows = _rows(out)
         assert sorted((r["id"], r["sample"]) for r in rows) == [
@@ -120,7 +112,7 @@ def test_eval_tiny_model_real_daemon_then_resume(tmp_path, tiny_model_dir, eval_
         _check_rows(rows, "tiny-sft")
         assert "6 trajectories to run" in first.stdout and "temperature 0.6" in first.stdout
 
-        again = _cli(*common, "--n", 3, "--k", 1, "--k", 3, "--sandbox", daemon.url)
+        again = run_cli(*common, "--n", 3, "--k", 1, "--k", 3, "--sandbox", daemon.url)
         assert again.returncode == 0, again.stderr[-3000:]
     assert "3 trajectories to run" in again.stdout
     rows = _rows(out)
@@ -208,7 +200,7 @@ def test_eval_endpoint_against_a_local_openai_server(tmp_path, tiny_model_dir, e
     data = _bench(tmp_path, eval_data_dir)
     out = tmp_path / "eval"
     with _openai_server(tiny_model_dir, tmp_path / "server.log") as url:
-        res = _cli(
+        res = run_cli(
             "eval",
             "--endpoint",
             url + "/v1",
@@ -228,7 +220,7 @@ def test_eval_endpoint_against_a_local_openai_server(tmp_path, tiny_model_dir, e
         )
         assert res.returncode == 0, res.stderr[-3000:]
         # a second label into the same --out: the report compares both
-        res2 = _cli(
+        res2 = run_cli(
             "eval",
             "--endpoint",
             url,

@@ -9,33 +9,14 @@ rule itself is tested with hand-made counts in tests/unit/test_filter_hard_write
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
-
-RSTAR2 = [sys.executable, "-m", "rstar2cli.cli"]
-
-
-def _cli(*args, timeout=600):
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
-    return subprocess.run(
-        [*RSTAR2, *map(str, args)], capture_output=True, text=True, timeout=timeout, env=env
-    )
-
-
-def _problems(path, num=3):
-    from rstar2cli.data.synthetic import make_synthetic
-
-    train, _ = make_synthetic("arith", 20, seed=0)
-    path.write_text("".join(json.dumps(r) + "\n" for r in train[:num]))
-    return train[:num]
+from clihelpers import run_cli, write_problems
 
 
 def test_bad_inputs_fail_with_one_line_before_any_work(tmp_path, tiny_model_dir):
     data = tmp_path / "p.jsonl"
-    _problems(data)
+    write_problems(data)
     cases = [
         (
             ["--model", tmp_path / "missing", "--out", tmp_path / "k.jsonl"],
@@ -55,7 +36,7 @@ def test_bad_inputs_fail_with_one_line_before_any_work(tmp_path, tiny_model_dir)
         ),
     ]
     for args, message in cases:
-        res = _cli("filter-hard", "--data", data, *args, timeout=120)
+        res = run_cli("filter-hard", "--data", data, *args, timeout=120)
         assert res.returncode == 2, res.stderr
         lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
         assert len(lines) == 1 and message in lines[0], res.stderr
@@ -67,10 +48,10 @@ def test_filter_hard_samples_k_per_problem_and_writes_counts(tmp_path, tiny_mode
     from sandboxd.server import spawn_daemon
 
     data = tmp_path / "p.jsonl"
-    problems = _problems(data)
+    problems = write_problems(data)
     out = tmp_path / "hard.parquet"
     with spawn_daemon(workers=1) as daemon:
-        res = _cli(
+        res = run_cli(
             "filter-hard", "--model", tiny_model_dir, "--data", data, "--out", out,
             "--samples", 2, "--max-turns", 2, "--max-response-tokens", 32,
             "--kv-cache-tokens", 4096, "--sandbox", daemon.url,

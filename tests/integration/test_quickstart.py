@@ -8,31 +8,16 @@ held-out synthetic set: RL accuracy above SFT accuracy. Takes ~5 minutes on 2 id
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
-
-RSTAR2 = [sys.executable, "-m", "rstar2cli.cli"]
-
-
-def _quickstart(out):
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
-    return subprocess.run(
-        [*RSTAR2, "quickstart", "--out", str(out)],
-        capture_output=True,
-        text=True,
-        timeout=1800,
-        env=env,
-    )
+from clihelpers import run_cli
 
 
 @pytest.mark.integration
 @pytest.mark.timeout(3600)
 def test_quickstart_rl_beats_sft_and_a_rerun_resumes(tmp_path):
     out = tmp_path / "qs"
-    first = _quickstart(out)
+    first = run_cli("quickstart", "--out", out, timeout=1800)
     assert first.returncode == 0, first.stderr[-3000:]
     summary = json.loads((out / "summary.json").read_text())
     sft, rl = summary["sft"], summary["rl"]
@@ -45,7 +30,7 @@ def test_quickstart_rl_beats_sft_and_a_rerun_resumes(tmp_path):
         assert f"rstar2 {command}" in script
     assert (out / "quickstart.png").stat().st_size > 0
 
-    again = _quickstart(out)
+    again = run_cli("quickstart", "--out", out, timeout=1800)
     assert again.returncode == 0, again.stderr[-3000:]
     resumed = json.loads((out / "summary.json").read_text())
     assert resumed["sft"] == sft and resumed["rl"] == rl

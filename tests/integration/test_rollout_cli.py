@@ -12,15 +12,12 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import subprocess
-import sys
 
 import pytest
+from clihelpers import run_cli, write_problems
 
 from rstar2cli import protocol as P
 
-RSTAR2 = [sys.executable, "-m", "rstar2cli.cli"]
 RECORD_KEYS = {
     "id",
     "sample",
@@ -38,24 +35,9 @@ RECORD_KEYS = {
 }
 
 
-def _cli(*args, timeout=600):
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
-    return subprocess.run(
-        [*RSTAR2, *map(str, args)], capture_output=True, text=True, timeout=timeout, env=env
-    )
-
-
-def _problems(path, num=3):
-    from rstar2cli.data.synthetic import make_synthetic
-
-    train, _ = make_synthetic("arith", 20, seed=0)
-    path.write_text("".join(json.dumps(r) + "\n" for r in train[:num]))
-    return train[:num]
-
-
 def test_bad_inputs_fail_with_one_line_before_any_work(tmp_path, tiny_model_dir):
     data = tmp_path / "p.jsonl"
-    _problems(data)
+    write_problems(data)
     out = tmp_path / "o.jsonl"
     no_q = tmp_path / "noq.jsonl"
     no_q.write_text('{"problem": "1+1"}\n')
@@ -69,7 +51,7 @@ def test_bad_inputs_fail_with_one_line_before_any_work(tmp_path, tiny_model_dir)
         (["--model", tiny_model_dir, "--data", data, "--scheduler", "fifo"], "unknown policy"),
     ]
     for args, message in cases:
-        res = _cli("rollout", *args, "--out", out, timeout=120)
+        res = run_cli("rollout", *args, "--out", out, timeout=120)
         assert res.returncode == 2, res.stderr
         lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
         assert len(lines) == 1 and message in lines[0]
@@ -81,7 +63,7 @@ def test_rollout_two_vllm_engines_real_daemon_then_resume(tmp_path, tiny_model_d
     from sandboxd.server import spawn_daemon
 
     data = tmp_path / "p.jsonl"
-    problems = _problems(data)
+    problems = write_problems(data)
     out = tmp_path / "traces.jsonl"
     common = [
         "rollout",
@@ -103,7 +85,7 @@ def test_rollout_two_vllm_engines_real_daemon_then_resume(tmp_path, tiny_model_d
         1,
     ]
     with spawn_daemon(workers=2) as daemon:
-        first = _cli(*common, "--n", 2, "--sandbox", daemon.url)
+        first = run_cli(*common, "--n", 2, "--sandbox", daemon.url)
         assert first.returncode == 0, first.stderr[-3000:]
         rows = [json.loads(line) for line in out.read_text().splitlines()]
         assert len(rows) == 6
@@ -122,13 +104,15 @@ def test_rollout_two_vllm_engines_real_daemon_then_resume(tmp_path, tiny_model_d
 
         # resume: --n 3 adds only sample 2 of each problem; nothing is rewritten
         before = out.read_text()
-        second = _cli(*common, "--n", 3, "--sandbox", daemon.url, "--scheduler", "least-requests")
+        second = run_cli(
+            *common, "--n", 3, "--sandbox", daemon.url, "--scheduler", "least-requests"
+        )
         assert second.returncode == 0, second.stderr[-3000:]
         text = out.read_text()
         assert text.startswith(before)
         rows = [json.loads(line) for line in text.splitlines()]
         assert len(rows) == 9 and len({(r["id"], r["sample"]) for r in rows}) == 9
-        third = _cli(*common, "--n", 3, "--sandbox", daemon.url)
+        third = run_cli(*common, "--n", 3, "--sandbox", daemon.url)
         assert third.returncode == 0 and "nothing to do" in third.stdout
         assert out.read_text() == text
 

@@ -1,0 +1,31 @@
+"""Shared by the integration tests that run `rstar2` as a user would: a subprocess, offline."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+RSTAR2 = [sys.executable, "-m", "rstar2cli.cli"]
+OFFLINE = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+
+
+def run_cli(*args, timeout: float = 600) -> subprocess.CompletedProcess:
+    """`rstar2 ARGS...` in a subprocess with the Hugging Face hub offline; output captured."""
+    return subprocess.run(
+        [*RSTAR2, *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, **OFFLINE},
+    )
+
+
+def write_problems(path, num: int = 3) -> list[dict]:
+    """The first `num` synthetic arith training problems, written to `path` as jsonl."""
+    from rstar2cli.data.synthetic import make_synthetic
+
+    train, _ = make_synthetic("arith", 20, seed=0)
+    path.write_text("".join(json.dumps(r) + "\n" for r in train[:num]))
+    return train[:num]
