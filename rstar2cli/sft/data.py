@@ -172,9 +172,9 @@ def _source_chats(source: DataSource, records: list[dict], cfg: DataConfig, seed
     if source.format == "arith":
         from rstar2cli.sft.synthetic_transcripts import make_transcripts
 
-        yield from enumerate(make_transcripts(
-                records, cfg.error_fraction, seed, cfg.template, cfg.direct_fraction
-            ))
+        yield from enumerate(
+            make_transcripts(records, cfg.error_fraction, seed, cfg.template, cfg.direct_fraction)
+        )
         return
     for i, rec in enumerate(records):
         try:
