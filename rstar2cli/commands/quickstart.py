@@ -145,7 +145,7 @@ def _plot(summary: dict, path: Path) -> None:
         values = [summary[k][key] or 0.0 for k in ("sft", "rl")]
         ax.bar(["SFT", "SFT + RL"], values, color=["#8c8c8c", "#2a7ab0"])
         ax.set_title(title)
-        ax.set_ylim(0, max(1.0, *values))
+        ax.set_ylim(0, 1.12 * max(1.0, *values))  # NOTE: room for the value labels above the bars
         for i, v in enumerate(values):
             ax.text(i, v, f"{100 * v:.1f}%", ha="center", va="bottom")
     fig.tight_layout()
