@@ -8,6 +8,24 @@ import subprocess
 import sys
 
 RSTAR2 = [sys.executable, "-m", "rstar2cli.cli"]
+# NOTE: what every trajectory record holds (the rollout core's record), whichever command wrote it
+TRAJECTORY_KEYS = frozenset(
+    {
+        "id",
+        "sample",
+        "question",
+        "answer",
+        "prompt_ids",
+        "response_ids",
+        "loss_mask",
+        "text",
+        "tool_calls",
+        "num_turns",
+        "num_answer_tags",
+        "finish_reason",
+        "extracted",
+    }
+)
 OFFLINE = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
 
 

@@ -24,7 +24,7 @@ import urllib.request
 from contextlib import contextmanager
 
 import pytest
-from clihelpers import OFFLINE, run_cli
+from clihelpers import OFFLINE, TRAJECTORY_KEYS, run_cli
 
 
 def _flat(text: str) -> str:
@@ -34,20 +34,7 @@ def _flat(text: str) -> str:
 
 pytestmark = pytest.mark.integration
 
-RECORD_KEYS = {
-    "id",
-    "sample",
-    "question",
-    "answer",
-    "prompt_ids",
-    "response_ids",
-    "loss_mask",
-    "text",
-    "tool_calls",
-    "num_turns",
-    "num_answer_tags",
-    "finish_reason",
-    "extracted",
+RECORD_KEYS = TRAJECTORY_KEYS | {
     "label",
     "benchmark",
     "correct",

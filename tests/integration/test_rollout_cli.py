@@ -14,25 +14,10 @@ import asyncio
 import json
 
 import pytest
+from clihelpers import TRAJECTORY_KEYS as RECORD_KEYS
 from clihelpers import run_cli, write_problems
 
 from rstar2cli import protocol as P
-
-RECORD_KEYS = {
-    "id",
-    "sample",
-    "question",
-    "answer",
-    "prompt_ids",
-    "response_ids",
-    "loss_mask",
-    "text",
-    "tool_calls",
-    "num_turns",
-    "num_answer_tags",
-    "finish_reason",
-    "extracted",
-}
 
 
 def test_bad_inputs_fail_with_one_line_before_any_work(tmp_path, tiny_model_dir):
