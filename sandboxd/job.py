@@ -74,6 +74,7 @@ def prepare_runner(slot: SlotInfo) -> None:
     os.environ.clear()
     os.environ.update(JOB_ENV, HOME=slot.scratch, TMPDIR=slot.scratch)
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # over-size writes raise OSError instead
+    runner.prepare_streams()
 
 
 def uid_killing(slot: SlotInfo) -> bool:
@@ -139,12 +140,13 @@ def run_job(
         max_file_bytes=slot.disk_mb * 2**20,
     )
     _make_scratch(slot)
+    compiled = runner.precompile(request["code"])
     pipes = [os.pipe() for _ in range(4)]  # stdin, stdout, stderr, ready
     start = time.monotonic()
     pid = os.fork()
     if pid == 0:
         try:
-            _child_main(request["code"], slot, pipes, limits, install_sigint)
+            _child_main(request["code"], compiled, slot, pipes, limits, install_sigint)
         finally:
             os._exit(EXIT_SETUP_FAILED)  # NOTE: a job process never returns into a runner's loop
     for i, (r, w) in enumerate(pipes):
@@ -195,6 +197,7 @@ def wipe(slot: SlotInfo) -> None:
 
 def _child_main(
     code: str,
+    compiled: runner.Compiled | None,
     slot: SlotInfo,
     pipes: list[tuple[int, int]],
     limits: JobLimits,
@@ -215,7 +218,7 @@ def _child_main(
     except BaseException as exc:  # noqa: BLE001 - anything here is the sandbox's fault
         os.write(2, f"sandboxd: job setup failed: {exc!r}\n".encode())
         os._exit(EXIT_SETUP_FAILED)
-    os._exit(runner.run(code))
+    os._exit(runner.run(code, compiled))
 
 
 def _pump(
@@ -365,6 +368,21 @@ def reap_orphans(spare_pid: int | None) -> None:
             if spare_pid is not None and _children() <= {spare_pid}:
                 return
             time.sleep(0.001)
+
+
+def tree_gone(pid: int) -> bool:
+    """Whether job process `pid` (our child) has exited and left no other process behind.
+
+    NOTE: the caller must be a child subreaper or its slot's PID 1 (see `reap_orphans`). A job's
+    process that outlives its parent is then reparented to us before that parent turns zombie, so
+    with the job process a zombie, any process of the job still alive has an ancestor in our
+    children list; the list holding nothing but the zombie means nothing is left to kill.
+    """
+    try:
+        exited = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except ChildProcessError:
+        return False
+    return exited is not None and _children() == {pid}
 
 
 def _children() -> set[int]:

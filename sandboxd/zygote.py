@@ -17,7 +17,7 @@ tmpfs, answer one status. A slot runs one job at a time, so Z and L never run jo
 Killing the tree. As root, jobs run as the slot's own uid; Z kills them all with kill(-1) sent as
 that uid (`isolation.signal_uid`), which spares Z and L (root). That is safe in Z only: nothing
 inside a namespace can signal its init, while L could be signalled during the switch, so L asks
-Z to do it. Without root, jobs share Z's uid: L is not started and Z runs every job, killing with
+Z to do it, unless the job process has exited and left nothing behind (`job.tree_gone`). Without root, jobs share Z's uid: L is not started and Z runs every job, killing with
 kill(-1) as PID 1 of the slot. If L fails to start, Z runs every job; if L dies, its job in flight
 answers `sandbox_error`, Z kills and reaps what is left, and starts a new L for the next light job.
 
@@ -442,6 +442,8 @@ def light_main(sock_fd: int) -> None:
 
     def kill_tree(pid: int) -> None:
         job.kill_quietly(pid)  # NOTE: the job process may still be root, in its set-up
+        if job.tree_gone(pid):
+            return  # NOTE: the usual end of a job; spares the round trip to Z
         send_frame(sock, _KILL)  # Z kills everything running as the slot's uid
         if recv_frame(sock) != _KILLED:
             os._exit(0)  # Z is gone, and the slot's namespace with it

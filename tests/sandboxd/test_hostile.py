@@ -225,6 +225,20 @@ CASES = [
         lambda r: r["stdout"].strip() == "-1",
     ),
     ("close_stdout_then_print", "import os\nos.close(1)\nprint('lost')\n", {"error", "ok"}, None),
+    # short code is compiled by the runner, outside the job's limits: compiler errors must stay
+    # the job's own; long code is compiled inside the job, where the limits catch a heavy compile
+    (
+        "compiler_recursion",
+        "a" + ".b" * 8000,
+        {"error"},
+        lambda r: "RecursionError" in r["stderr"] and "sandboxd" not in r["stderr"],
+    ),
+    (
+        "compiler_huge_literal",
+        "x = (" + "1," * 300_000 + ")\nlen(x)",
+        {"ok", "memory"},
+        lambda r: r["stdout"] in ("300000\n", ""),
+    ),
 ]
 
 

@@ -10,6 +10,7 @@ import urllib.request
 import pytest
 from sbhelpers import post_json, run_jobs
 
+from sandboxd.runner import PRECOMPILE_MAX_CHARS
 from sandboxd.server import spawn_daemon
 
 pytestmark = pytest.mark.integration
@@ -73,6 +74,39 @@ def test_syntax_error_and_system_exit(daemon):
     )
     assert results[1]["status"] == "ok"
     assert results[2]["status"] == "error" and results[2]["exit_code"] == 4
+
+
+def test_long_code_is_compiled_by_the_job_with_the_same_results(daemon):
+    # the runner compiles code up to PRECOMPILE_MAX_CHARS itself; the job compiles longer code
+    pad = "# padding\n" * (PRECOMPILE_MAX_CHARS // 10 + 1)
+    assert len(pad) >= PRECOMPILE_MAX_CHARS
+    short = ["x = 40\nx + 2", "\ndef f(:\n", "x = 1\n\ny = x / 0\n"]
+    results = run_jobs(daemon.url, [{"code": c} for c in short + [pad + c for c in short]])
+    lines = pad.count("\n")
+    assert [r["status"] for r in results] == ["ok", "error", "error"] * 2, results
+    assert results[0]["stdout"] == results[3]["stdout"] == "42\n"
+    assert (
+        'File "main.py", line 2' in results[1]["stderr"] and "SyntaxError" in results[1]["stderr"]
+    )
+    assert f'File "main.py", line {lines + 2}' in results[4]["stderr"]
+    assert 'File "main.py", line 3, in <module>' in results[2]["stderr"]
+    assert f'File "main.py", line {lines + 3}, in <module>' in results[5]["stderr"]
+    assert "y = x / 0" in results[2]["stderr"] and "y = x / 0" in results[5]["stderr"]
+
+
+def test_every_job_starts_with_fresh_stdio(daemon):
+    # the stdio wrappers are made once per runner; what one job wrote must not reach the next
+    jobs = [
+        {"code": "import sys\nsys.stdout.write('a')\nsys.stderr.write('b')"},
+        {"code": "1 + 1"},
+        {"code": "import sys\nprint([s.seekable() for s in (sys.stdin, sys.stdout, sys.stderr)])"},
+    ] * 4
+    results = run_jobs(daemon.url, jobs)
+    assert [(r["stdout"], r["stderr"]) for r in results] == [
+        ("a", "b"),
+        ("2\n", ""),
+        ("[False, False, False]\n", ""),
+    ] * 4
 
 
 def test_stdin_is_fed(daemon):
