@@ -276,6 +276,7 @@ async def run_real(args) -> tuple[list[list[str]], object]:
                     kv_mode=mode,
                     step_tokens=args.step_tokens,
                     migrate_after_s=args.migrate_after_s,
+                    drain_balance=args.drain_balance,
                     max_active_per_engine=None if policy == "kv" else args.concurrency,
                 )
                 agent = AgentConfig(max_response_tokens=args.max_response_tokens)
@@ -366,6 +367,7 @@ def run_sim(args, cost) -> None:
             step_tokens=args.step_tokens,
             max_active_per_engine=args.sim_max_seqs,
             migrate_after_s=args.migrate_after_s,
+            drain_balance=args.drain_balance,
         )
         start = time.perf_counter()
         r = simulate(
@@ -387,7 +389,8 @@ def run_sim(args, cost) -> None:
         f"\n(b) simulated: {args.sim_engines} engines, one per {gpu.name}, Qwen3-14B bf16; "
         f"{args.sim_prompts} prompts x {args.sim_samples} rollouts, responses up to "
         f"{args.sim_max_response} tokens; KV {args.sim_kv_tokens} tokens/engine "
-        f"({args.sim_kv_source}); max_num_seqs {args.sim_max_seqs}; kv step {args.step_tokens} tokens"
+        f"({args.sim_kv_source}); max_num_seqs {args.sim_max_seqs}; kv step {args.step_tokens} tokens; "
+        f"drain balance {args.drain_balance}"
     )
     print(
         f"cost ({args.sim_cost_source}): step = {cost.a_s * 1e3:.2f} ms + {cost.b_s * 1e6:.1f} us x "
@@ -472,6 +475,8 @@ def _print_table(header, rows) -> None:
 
 
 def main() -> None:
+    from rstar2cli.scheduler.scheduler import SchedulerConfig
+
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--part", choices=["a", "b", "both"], default="both")
     ap.add_argument("--num-prompts", type=int, default=24)
@@ -485,6 +490,12 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--policies", default=None, help="comma list of labels to run (default: all)")
     ap.add_argument("--migrate-after-s", type=float, default=30.0, help="kv incremental (a, b)")
+    ap.add_argument(
+        "--drain-balance",
+        type=lambda v: None if v == "none" else float(v),
+        default=SchedulerConfig.drain_balance,
+        help="kv incremental (a, b): the drain's move threshold; 'none' turns the moves off",
+    )
     ap.add_argument(
         "--cost", default=None, help="a,b,c,p for (b) instead of the GPU's spec-sheet model"
     )

@@ -26,7 +26,11 @@ Policies (`POLICIES`):
   not fit at home goes on there with a smaller step if at least `min_step_tokens` fit; else it
   waits there (room that frees on its engine is owed to it before any new trajectory is admitted
   there) and moves to the engine with the most free KV only after `migrate_after_s`, or at once
-  if nothing runs at home to free room (so waiting never deadlocks).
+  if nothing runs at home to free room (so waiting never deadlocks). Once every trajectory has
+  started (the drain), batches shrink unevenly: a long trajectory may share a still-full engine
+  while others sit idle, and every decode step reads the whole batch's KV. So a ready trajectory
+  whose engine's KV (others' reservations) is over 1 / `drain_balance` times what it would share
+  elsewhere moves to the least used engine that fits it, paying one re-prefill of its context.
   Continuing trajectories are served before new ones (finishing work frees KV; no starvation).
 - `static` (the paper's "before"): an even split up front, in contiguous chunks of the batch
   (trajectories added before the first `schedule()`); each engine runs its own share, at most `max_active_per_engine` trajectories at a time, and never helps another engine.
@@ -76,6 +80,10 @@ class SchedulerConfig:
     # incremental mode: when a full step does not fit at home, go on there with a smaller one
     # (down to this many tokens) instead of waiting or moving.
     min_step_tokens: int = 64
+    # incremental mode, once all trajectories have started: move a ready trajectory when the
+    # least used engine that fits it, with it, would hold under this fraction of the KV that the
+    # others use at its home engine (see the module docstring). None: never.
+    drain_balance: float | None = 0.7
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
@@ -88,6 +96,8 @@ class SchedulerConfig:
             raise ValueError(f"step_tokens must be >= 1, got {self.step_tokens}")
         if self.max_active_per_engine is not None and self.max_active_per_engine < 1:
             raise ValueError("max_active_per_engine must be >= 1 or None")
+        if self.drain_balance is not None and not 0 < self.drain_balance <= 1:
+            raise ValueError(f"drain_balance must be in (0, 1] or None, got {self.drain_balance}")
         if self.migrate_after_s < 0:
             raise ValueError(f"migrate_after_s must be >= 0, got {self.migrate_after_s}")
 
@@ -295,6 +305,14 @@ class Scheduler:
         at home to free room) move to the engine with the most free KV; None: keep waiting."""
         need, home = self._admit_tokens(slot), slot.engine
         held = self.ledger.holding(slot.key)
+        lighter = self._lighter_engine(slot, need, held.num_tokens if held else 0)
+        if lighter is not None:
+            self.ledger.release(slot.key)
+            self.ledger.reserve(slot.key, lighter, need)
+            slot.num_migrations += 1
+            self.num_migrations += 1
+            self._move_home(slot, lighter)
+            return lighter
         if self._below_cap(home):
             if held is not None and self.ledger.resize(slot.key, need):
                 return home
@@ -318,6 +336,25 @@ class Scheduler:
             self.num_migrations += 1
             self._move_home(slot, engine)
         return engine
+
+    def _lighter_engine(self, slot: Slot, need: int, held_tokens: int) -> int | None:
+        """Once nothing is left to admit: the least used engine that fits `slot` and would hold,
+        with it, under `drain_balance` of the KV the others use at its home; None: stay."""
+        if self._new or self.config.drain_balance is None:
+            return None
+        others_home = self.ledger.used(slot.engine) - held_tokens
+        best, best_used = None, None
+        for e in range(self.num_engines):
+            if e == slot.engine or not self._below_cap(e):
+                continue
+            used = self.ledger.used(e)
+            if self.ledger.round_up(need) > self.ledger.free(e) - self._pending[e]:
+                continue
+            if used + need < others_home * self.config.drain_balance and (
+                best_used is None or used < best_used
+            ):
+                best, best_used = e, used
+        return best
 
     def _shrink_step_to_fit(self, slot: Slot, held_tokens: int) -> bool:
         """Go on at home with a smaller step (at least `min_step_tokens`) if that fits there."""

@@ -172,6 +172,7 @@ def test_incremental_waits_for_home_then_migrates_after_the_timeout():
         kv_mode="incremental",
         step_tokens=100,
         migrate_after_s=5.0,
+        drain_balance=None,  # the drain's own moves are tested below
         clock=lambda: now[0],
     )
     for k in ("a", "b", "c"):
@@ -215,6 +216,33 @@ def test_incremental_goes_on_at_home_with_a_smaller_step_when_a_full_one_does_no
     s.on_generated("b", 200, Status.DONE)
     (d2,) = s.schedule()
     assert d2.max_tokens == 100 and s.ledger.used(0) == 500 + 400
+
+
+def _drain_setup(**kw):
+    s = make([1000, 1000], kv_mode="incremental", step_tokens=100, migrate_after_s=1e9, **kw)
+    for k in ("a", "b", "c"):
+        s.add(k, 100, 800)
+    assert keys_engines(s.schedule()) == [("a", 0), ("b", 1), ("c", 0)]
+    s.on_generated("b", 200, Status.DONE)  # engine 1 is empty now
+    s.ledger.force_reserve("filler", 0, 500)  # engine 0: c 200 + 500 besides a
+    s.on_generated("a", 200, Status.WAITING)  # a needs 200 + 100; 300 are free at home
+    return s
+
+
+def test_incremental_drain_moves_a_ready_trajectory_off_a_much_fuller_engine():
+    s = _drain_setup()  # default drain_balance 0.7: 0 + 300 < 0.7 * 700 on engine 1
+    assert keys_engines(s.schedule()) == [("a", 1)]
+    assert s.num_migrations == 1 and s.ledger.used(0) == 700 and s.ledger.used(1) == 300
+
+
+def test_incremental_drain_stays_while_trajectories_wait_to_start_or_when_off():
+    s = _drain_setup()
+    s.add("d", 100, 800)  # something is still to start: this is not the drain
+    assert keys_engines(s.schedule()) == [("a", 0), ("d", 1)]
+    s = _drain_setup(drain_balance=None)
+    assert keys_engines(s.schedule()) == [("a", 0)]
+    s = _drain_setup(drain_balance=0.4)  # 300 is not under 0.4 * 700
+    assert keys_engines(s.schedule()) == [("a", 0)]
 
 
 def test_incremental_moves_at_once_when_nothing_runs_at_home():
