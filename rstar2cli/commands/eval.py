@@ -177,21 +177,10 @@ def eval_cmd(
     if items:
         import asyncio
 
-        asyncio.run(
-            _run(
-                console,
-                plan,
-                items,
-                owner,
-                label,
-                agent_config,
-                sched_config,
-                engines,
-                engine,
-                kv_cache_tokens,
-                settings,
-            )
-        )
+        from rstar2cli.scheduler.engines import EngineSpec
+
+        spec = EngineSpec(str(plan.model), engines, engine, None, kv_cache_tokens, seed)
+        asyncio.run(_run(console, plan, items, owner, label, agent_config, sched_config, spec))
     _report(console, out, label, settings, ks)
 
 
@@ -223,15 +212,7 @@ def _print_plan(console: Any, plan: Any, settings: dict, num_pending: int) -> No
 # running
 
 
-async def _start_engines(
-    plan: Any,
-    tokenizer: Any,
-    num_engines: int,
-    kind: str,
-    kv_cache_tokens: int | None,
-    max_model_len: int,
-    seed: int,
-) -> list[Any]:
+async def _start_engines(plan: Any, tokenizer: Any, spec: Any, max_model_len: int) -> list[Any]:
     if plan.endpoints:
         from rstar2cli import protocol as P
         from rstar2cli.scheduler.endpoint_engine import EndpointEngine
@@ -241,35 +222,10 @@ async def _start_engines(
             EndpointEngine(info, [stop_id], name=f"endpoint{i}")
             for i, info in enumerate(plan.endpoints)
         ]
-    from rstar2cli.scheduler.engines import make_engines
-
-    if kv_cache_tokens is None:  # the engine's default size
-        return make_engines(
-            str(plan.model), num_engines, kind=kind, max_model_len=max_model_len, seed=seed
-        )
-    return make_engines(
-        str(plan.model),
-        num_engines,
-        kind=kind,
-        kv_cache_tokens=kv_cache_tokens,
-        max_model_len=max_model_len,
-        seed=seed,
-    )
+    return spec.start(max_model_len)
 
 
-async def _run(
-    console,
-    plan,
-    items,
-    owner,
-    label,
-    agent_config,
-    sched_config,
-    num_engines,
-    kind,
-    kv_cache_tokens,
-    settings,
-) -> None:
+async def _run(console, plan, items, owner, label, agent_config, sched_config, spec) -> None:
     from transformers import AutoTokenizer
 
     from rstar2cli.agent.loop import longest_prompt_tokens, make_tool_runner
@@ -284,13 +240,7 @@ async def _run(
     try:
         async with rollout_session(
             lambda: _start_engines(
-                plan,
-                tokenizer,
-                num_engines,
-                kind,
-                kv_cache_tokens,
-                max_prompt + agent_config.max_response_tokens,
-                settings["seed"],
+                plan, tokenizer, spec, max_prompt + agent_config.max_response_tokens
             ),
             make_tool_runner(plan.sandbox_urls, timeout_s=agent_config.tool_timeout_s or 10.0),
         ) as (engines, tools):

@@ -76,74 +76,46 @@ def filter_hard(
         check_sandboxes(urls)
     import asyncio
 
-    counts = asyncio.run(
-        _count(
-            model,
-            problems,
-            samples,
-            engines,
-            engine,
-            urls,
-            ray_address,
-            max_turns,
-            max_response_tokens,
-            temperature,
-            seed,
-            template,
-            kv_cache_tokens,
-            console,
+    from rstar2cli.agent.loop import AgentConfig
+    from rstar2cli.rl.rollouts import request_seed_base
+    from rstar2cli.scheduler.engines import EngineSpec
+
+    try:
+        agent = AgentConfig(
+            max_turns=max_turns,
+            max_response_tokens=max_response_tokens,
+            temperature=temperature,
+            template=template,
+            seed=request_seed_base(seed, 0),
         )
-    )
+    except ValueError as exc:
+        raise UserError(str(exc)) from exc
+    spec = EngineSpec(str(model), engines, engine, ray_address, kv_cache_tokens, seed)
+    counts = asyncio.run(_count(console, spec, problems, samples, urls, agent))
     _write(rows, problems, counts, samples, out)
     _print_histogram(console, counts, samples, out)
 
 
-async def _count(
-    model,
-    problems,
-    samples,
-    num_engines,
-    kind,
-    urls,
-    ray_address,
-    max_turns,
-    max_response_tokens,
-    temperature,
-    seed,
-    template,
-    kv_cache_tokens,
-    console,
-) -> dict[str, int]:
+async def _count(console, spec, problems, samples, urls, agent) -> dict[str, int]:
+    import dataclasses
+
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
     from transformers import AutoTokenizer
 
-    from rstar2cli.agent.loop import AgentConfig, longest_prompt_tokens, make_tool_runner
+    from rstar2cli.agent.loop import longest_prompt_tokens, make_tool_runner
     from rstar2cli.reward.grader import Grader
-    from rstar2cli.rl.rollouts import make_items, request_seed_base, rollout_and_grade
-    from rstar2cli.scheduler.engines import make_engines
+    from rstar2cli.rl.rollouts import make_items, rollout_and_grade
     from rstar2cli.scheduler.rollout import rollout_session
     from rstar2cli.scheduler.scheduler import SchedulerConfig
 
-    tokenizer = AutoTokenizer.from_pretrained(str(model))
-    max_prompt = longest_prompt_tokens((p["question"] for p in problems), tokenizer, template)
-    agent = AgentConfig(
-        max_turns=max_turns,
-        max_response_tokens=max_response_tokens,
-        temperature=temperature,
-        template=template,
-        seed=request_seed_base(seed, 0),
-    )
+    tokenizer = AutoTokenizer.from_pretrained(spec.model_path)
+    max_prompt = longest_prompt_tokens((p["question"] for p in problems), tokenizer, agent.template)
+    max_len = max_prompt + agent.max_response_tokens
+    # NOTE: every trajectory must fit one engine's KV, whatever --kv-cache-tokens says
+    spec = dataclasses.replace(spec, kv_cache_tokens=max(spec.kv_cache_tokens, max_len))
     items = make_items(problems, samples)
     async with rollout_session(
-        lambda: make_engines(
-            str(model),
-            num_engines,
-            kind=kind,
-            ray_address=ray_address,
-            kv_cache_tokens=max(kv_cache_tokens, max_prompt + max_response_tokens),
-            max_model_len=max_prompt + max_response_tokens,
-            seed=seed,
-        ),
+        lambda: spec.start(max_len),
         make_tool_runner(urls),
     ) as (engines, tools):
         with (

@@ -131,22 +131,10 @@ def rollout(
     )
     import asyncio
 
-    asyncio.run(
-        _run(
-            console,
-            model,
-            items,
-            out,
-            engines,
-            engine,
-            urls,
-            ray_address,
-            kv_cache_tokens,
-            agent_config,
-            sched_config,
-            settings,
-        )
-    )
+    from rstar2cli.scheduler.engines import EngineSpec
+
+    spec = EngineSpec(str(model), engines, engine, ray_address, kv_cache_tokens, seed)
+    asyncio.run(_run(console, spec, items, out, urls, agent_config, sched_config, settings))
 
 
 def _pending_items(problems: list[dict[str, Any]], n: int, out: Path) -> list[dict[str, Any]]:
@@ -208,43 +196,20 @@ class _Writer:
                 self.grader.close()
 
 
-async def _run(
-    console,
-    model,
-    items,
-    out,
-    num_engines,
-    kind,
-    urls,
-    ray_address,
-    kv_cache_tokens,
-    agent_config,
-    sched_config,
-    settings,
-) -> None:
+async def _run(console, spec, items, out, urls, agent_config, sched_config, settings) -> None:
     from transformers import AutoTokenizer
 
     from rstar2cli.agent.loop import longest_prompt_tokens, make_tool_runner
-    from rstar2cli.scheduler.engines import make_engines
     from rstar2cli.scheduler.rollout import rollout_session, run_rollout
 
-    tokenizer = AutoTokenizer.from_pretrained(str(model))
+    tokenizer = AutoTokenizer.from_pretrained(spec.model_path)
     max_prompt = longest_prompt_tokens(
         (i["question"] for i in items), tokenizer, agent_config.template
     )
-    sizes = {"kv_cache_tokens": kv_cache_tokens} if kv_cache_tokens else {}
     writer = _Writer(out)
     try:
         async with rollout_session(
-            lambda: make_engines(
-                str(model),
-                num_engines,
-                kind=kind,
-                ray_address=ray_address,
-                max_model_len=max_prompt + agent_config.max_response_tokens,
-                seed=settings["seed"],
-                **sizes,
-            ),
+            lambda: spec.start(max_prompt + agent_config.max_response_tokens),
             make_tool_runner(urls, timeout_s=agent_config.tool_timeout_s or 10.0),
         ) as (engines, tools):
             with _Progress(console, len(items)) as progress:

@@ -1,10 +1,12 @@
-"""The inference-engine surface the rollout scheduler talks to, and `make_engines` to build them.
+"""The inference-engine surface the rollout scheduler talks to, and how to build engines.
 
 One small Protocol (`Engine`) with three implementations:
 - `VllmEngine` (vllm_engine.py): vLLM v1 `AsyncLLM`, token ids in/out, prefix caching on.
 - `HfEngine` (hf_engine.py): transformers, a continuous-batching loop over a KV token budget it
   accounts itself; for machines without vLLM.
 - `RayEngine` (ray_engine.py): either of the above inside one Ray actor, behind a thin async proxy.
+`make_engines` starts N of one kind (in this process or as Ray actors); `EngineSpec` carries a
+command's engine options until the longest prompt, hence `max_model_len`, is known.
 
 Every engine stops on `<|im_end|>` (always, in addition to `SamplingSpec.stop_token_ids`); when it
 stops on a stop id, that id is the last entry of `GenOutput.token_ids`.
@@ -135,6 +137,31 @@ def make_engines(
             close_now(engine)
         raise
     return engines
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    """The engines a command was asked for, started once it knows `max_model_len` (the longest
+    prompt plus the response budget)."""
+
+    model_path: str
+    num_engines: int = 1
+    kind: str = "vllm"
+    ray_address: str | None = None
+    kv_cache_tokens: int | None = None  # None: `make_engines`' default size
+    seed: int = 0
+
+    def start(self, max_model_len: int) -> list[Engine]:
+        sizes = {} if self.kv_cache_tokens is None else {"kv_cache_tokens": self.kv_cache_tokens}
+        return make_engines(
+            self.model_path,
+            self.num_engines,
+            kind=self.kind,
+            ray_address=self.ray_address,
+            max_model_len=max_model_len,
+            seed=self.seed,
+            **sizes,
+        )
 
 
 def build_engine(kind: str, **kwargs) -> Engine:
