@@ -30,7 +30,7 @@ lint: install
 	# types are checked on the pure cores and sandboxd; the vLLM/Ray/DeepSpeed wrappers are not typed
 	$(BIN)/mypy --follow-imports=silent rstar2cli/protocol.py rstar2cli/rl/roc.py \
 	  rstar2cli/rl/advantages.py rstar2cli/rl/loss.py rstar2cli/rl/health.py rstar2cli/reward \
-	  rstar2cli/agent/loop.py rstar2cli/scheduler/kv.py sandboxd
+	  rstar2cli/agent/loop.py rstar2cli/scheduler/kv.py rstar2cli/ui.py sandboxd
 
 bench: install
 	$(BIN)/python benchmarks/sandbox.py

@@ -231,6 +231,7 @@ async def _run(console, plan, items, owner, label, agent_config, sched_config, s
     from rstar2cli.agent.loop import longest_prompt_tokens, make_tool_runner
     from rstar2cli.eval.results import ResultWriter
     from rstar2cli.scheduler.rollout import rollout_session, run_rollout
+    from rstar2cli.ui import progress_bar
 
     tokenizer = AutoTokenizer.from_pretrained(plan.tokenizer_path)
     max_prompt = longest_prompt_tokens(
@@ -244,7 +245,7 @@ async def _run(console, plan, items, owner, label, agent_config, sched_config, s
             ),
             make_tool_runner(plan.sandbox_urls, timeout_s=agent_config.tool_timeout_s or 10.0),
         ) as (engines, tools):
-            with _progress(console) as progress:
+            with progress_bar("eval", console=console) as progress:
                 task = progress.add_task("eval", total=len(items))
 
                 def on_record(record: dict[str, Any]) -> None:
@@ -274,14 +275,6 @@ async def _run(console, plan, items, owner, label, agent_config, sched_config, s
             console.print(
                 f"[yellow]{e.name}: {e.metrics()['num_errors']:.0f} failed requests, last: {escape(e.last_error)}[/]"
             )
-
-
-def _progress(console: Any) -> Any:
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    return Progress(
-        TextColumn("eval"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=console
-    )
 
 
 # ---------------------------------------------------------------------------------------------

@@ -99,7 +99,6 @@ def filter_hard(
 async def _count(console, spec, problems, samples, urls, agent) -> dict[str, int]:
     import dataclasses
 
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
     from transformers import AutoTokenizer
 
     from rstar2cli.agent.loop import longest_prompt_tokens, make_tool_runner
@@ -107,6 +106,7 @@ async def _count(console, spec, problems, samples, urls, agent) -> dict[str, int
     from rstar2cli.rl.rollouts import make_items, rollout_and_grade
     from rstar2cli.scheduler.rollout import rollout_session
     from rstar2cli.scheduler.scheduler import SchedulerConfig
+    from rstar2cli.ui import progress_bar
 
     tokenizer = AutoTokenizer.from_pretrained(spec.model_path)
     max_prompt = longest_prompt_tokens((p["question"] for p in problems), tokenizer, agent.template)
@@ -120,13 +120,7 @@ async def _count(console, spec, problems, samples, urls, agent) -> dict[str, int
     ) as (engines, tools):
         with (
             Grader(num_workers=1, strict=True) as grader,
-            Progress(
-                TextColumn("filter-hard"),
-                BarColumn(),
-                MofNCompleteColumn(),
-                TimeElapsedColumn(),
-                console=console,
-            ) as progress,
+            progress_bar("filter-hard", console=console) as progress,
         ):
             task = progress.add_task("rollouts", total=len(items))
             records, _, _ = await rollout_and_grade(

@@ -173,12 +173,10 @@ def _eval_grams(paths: list[Path]) -> set[tuple[str, ...]]:
 
 
 def _normalize_with_progress(console: Any, rows: list[dict], source_name: str, options: Any) -> Any:
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
-
     from rstar2cli.data import normalize
+    from rstar2cli.ui import progress_bar
 
-    columns = (TextColumn("normalising"), BarColumn(), MofNCompleteColumn())
-    with Progress(*columns, console=console, transient=True) as progress:
+    with progress_bar("normalising", console=console, elapsed=False, transient=True) as progress:
         task = progress.add_task("rows", total=len(rows))
         return normalize.normalize_records(
             rows, source_name, options, on_row=lambda: progress.advance(task)

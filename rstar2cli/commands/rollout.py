@@ -232,23 +232,9 @@ class _Progress:
     """A rich progress bar: trajectories done, tool calls in flight, KV use per engine."""
 
     def __init__(self, console: Any, total: int):
-        from rich.progress import (
-            BarColumn,
-            MofNCompleteColumn,
-            Progress,
-            TextColumn,
-            TimeElapsedColumn,
-        )
+        from rstar2cli.ui import progress_bar
 
-        self.progress = Progress(
-            TextColumn("rollout"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeElapsedColumn(),
-            TextColumn("{task.description}"),
-            console=console,
-            transient=False,
-        )
+        self.progress = progress_bar("rollout", "{task.description}", console=console)
         self.task = self.progress.add_task("starting", total=total)
 
     def __enter__(self) -> _Progress:

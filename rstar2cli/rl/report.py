@@ -83,22 +83,9 @@ class StageReporter:
         return self
 
     def _start_bar(self) -> None:
-        from rich.progress import (
-            BarColumn,
-            MofNCompleteColumn,
-            Progress,
-            TextColumn,
-            TimeElapsedColumn,
-        )
+        from rstar2cli.ui import progress_bar
 
-        self._progress = Progress(
-            TextColumn("rl-stage"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeElapsedColumn(),
-            TextColumn("{task.fields[phase]}"),
-            TextColumn("{task.fields[last]}"),
-        )
+        self._progress = progress_bar("rl-stage", "{task.fields[phase]}", "{task.fields[last]}")
         self._progress.start()
         self._task = self._progress.add_task(
             "steps", total=self.num_steps, completed=self.start_step, phase="starting", last=""

@@ -44,22 +44,17 @@ class Reporter:
         return self
 
     def _start_bar(self) -> None:
-        from rich.progress import (
-            BarColumn,
-            MofNCompleteColumn,
-            Progress,
-            TextColumn,
-            TimeRemainingColumn,
-        )
+        from rich.progress import TimeRemainingColumn
 
-        self._progress = Progress(
-            TextColumn("sft"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TextColumn("loss {task.fields[loss]}"),
-            TextColumn("{task.fields[tps]} tok/s"),
-            TextColumn("ETA"),
+        from rstar2cli.ui import progress_bar
+
+        self._progress = progress_bar(
+            "sft",
+            "loss {task.fields[loss]}",
+            "{task.fields[tps]} tok/s",
+            "ETA",
             TimeRemainingColumn(),
+            elapsed=False,
         )
         self._progress.start()
         self._task = self._progress.add_task(
