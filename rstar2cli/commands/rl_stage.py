@@ -15,10 +15,14 @@ Tested in tests/integration/test_rl_stage.py and tests/unit/test_rl_recipe.py.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
 from rstar2cli.errors import UserError
+
+if TYPE_CHECKING:
+    from rstar2cli.rl.recipe import RlRecipe
 
 
 def rl_stage(
@@ -117,7 +121,7 @@ def _resolve_init(init_from: Path, reset_optimizer: bool) -> tuple[str, Path | N
     )
 
 
-def _check_inputs(recipe: object) -> None:
+def _check_inputs(recipe: RlRecipe) -> None:
     missing = [
         p for p in (recipe.data.train, recipe.data.eval) if p is not None and not Path(p).is_file()
     ]

@@ -213,6 +213,11 @@ async def _run(console, spec, items, out, urls, agent_config, sched_config, sett
             make_tool_runner(urls, timeout_s=agent_config.tool_timeout_s or 10.0),
         ) as (engines, tools):
             with _Progress(console, len(items)) as progress:
+
+                def on_record(record: dict[str, Any]) -> None:
+                    writer.add(record)
+                    progress.done()
+
                 stats = await run_rollout(
                     engines,
                     items,
@@ -220,7 +225,7 @@ async def _run(console, spec, items, out, urls, agent_config, sched_config, sett
                     agent_config,
                     sched_config,
                     tools,
-                    on_record=lambda r: (writer.add(r), progress.done()),
+                    on_record=on_record,
                     on_tick=progress.tick,
                 )
     finally:

@@ -12,10 +12,14 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
 from rstar2cli.errors import UserError
+
+if TYPE_CHECKING:
+    from rstar2cli.sft.recipe import SftRecipe
 
 
 def sft_coldstart(
@@ -72,7 +76,7 @@ def sft_coldstart(
         console.print(f"sft-coldstart: done; model in {final} (metrics: {out / 'metrics.jsonl'})")
 
 
-def _check_sources(recipe: object) -> None:
+def _check_sources(recipe: SftRecipe) -> None:
     from rstar2cli.fileio import RECORD_SUFFIXES
 
     missing = [

@@ -138,7 +138,8 @@ def start_ray_engines(
     has_gpus = ray.cluster_resources().get("GPU", 0) > 0
     options = {"num_gpus": 1} if has_gpus else {"num_cpus": num_cpus_per_engine}
     actor_cls = ray.remote(EngineActor)
-    actors = [actor_cls.options(**options).remote(kind, s) for s in settings]
+    # NOTE: Any: Ray's stubs do not know an actor handle's remote methods
+    actors: list[Any] = [actor_cls.options(**options).remote(kind, s) for s in settings]
     try:
         infos = ray.get([a.info.remote() for a in actors])
     except BaseException:

@@ -123,9 +123,8 @@ async def run_rollout(
     the same surface (benchmarks/scheduler.py plays scripted workloads through real engines).
     """
     run = _Run(engines, tokenizer, agent_config, sched_config, tools, on_record)
-    run.make_trajectory = make_trajectory or (
-        lambda item, ids: Trajectory(item, ids, tokenizer, agent_config)
-    )
+    if make_trajectory is not None:
+        run.make_trajectory = make_trajectory
     for key, item in enumerate(items):
         run.add(key, item)
     preempt_before = _preemptions(engines)
@@ -159,7 +158,15 @@ async def run_rollout(
 class _Run:
     """State of one `run_rollout` call."""
 
-    def __init__(self, engines, tokenizer, agent_config, sched_config, tools, on_record):
+    def __init__(
+        self,
+        engines: list[Any],
+        tokenizer: Any,
+        agent_config: AgentConfig,
+        sched_config: SchedulerConfig,
+        tools: ToolBatcher,
+        on_record: Callable[[dict[str, Any]], None],
+    ) -> None:
         self.engines = engines
         self.tokenizer = tokenizer
         self.config = agent_config
@@ -175,6 +182,9 @@ class _Run:
         self.tool_latency_offset = len(tools.latencies_s)
         self._prompt_cache: dict[str, list[int]] = {}
         self.start = time.monotonic()
+        self.make_trajectory: Callable[[dict[str, Any], list[int]], Any] = lambda item, ids: (
+            Trajectory(item, ids, tokenizer, agent_config)
+        )
 
     def add(self, key: int, item: dict[str, Any]) -> None:
         question = str(item["question"])
@@ -190,6 +200,7 @@ class _Run:
         self.start = time.monotonic()
         while not self.sched.all_done:
             for d in self.sched.schedule():
+                assert isinstance(d.key, int)  # this run's keys are item indices
                 self._spawn(self._generate(d.key, d.engine, d.max_tokens))
             kind, key, payload = await self.events.get()
             if kind == "gen":

@@ -127,6 +127,12 @@ class Slot:
     step_cap: int | None = None  # incremental: this request's smaller step, to fit at home
 
     @property
+    def home(self) -> int:
+        """Its engine (asked only of a trajectory that has one)."""
+        assert self.engine is not None, f"trajectory {self.key!r} has no engine yet"
+        return self.engine
+
+    @property
     def remaining_tokens(self) -> int:
         return self.prompt_tokens + self.max_response_tokens - self.num_tokens
 
@@ -202,7 +208,7 @@ class Scheduler:
         slot = self._expect(key, Status.RUNNING)
         if next_status not in (Status.TOOL, Status.WAITING, Status.DONE):
             raise ValueError(f"cannot go from running to {next_status}")
-        self._set_running(slot.engine, -1)
+        self._set_running(slot.home, -1)
         slot.num_tokens = num_tokens
         slot.step_cap = None
         if next_status is Status.DONE:
@@ -295,15 +301,15 @@ class Scheduler:
                 slot.num_migrations += 1
                 self.num_migrations += 1
                 self._move_home(slot, engine)
-        elif self.config.policy == "kv" and not self._below_cap(slot.engine):
+        elif self.config.policy == "kv" and not self._below_cap(slot.home):
             return None
         del self._ready[key]
-        return self._dispatch(slot, slot.engine)
+        return self._dispatch(slot, slot.home)
 
     def _place_incremental(self, slot: Slot) -> int | None:
         """Grow the reservation at home, or (after `migrate_after_s`, or at once when nothing runs
         at home to free room) move to the engine with the most free KV; None: keep waiting."""
-        need, home = self._admit_tokens(slot), slot.engine
+        need, home = self._admit_tokens(slot), slot.home
         held = self.ledger.holding(slot.key)
         lighter = self._lighter_engine(slot, need, held.num_tokens if held else 0)
         if lighter is not None:
@@ -342,7 +348,7 @@ class Scheduler:
         with it, under `drain_balance` of the KV the others use at its home; None: stay."""
         if self._new or self.config.drain_balance is None:
             return None
-        others_home = self.ledger.used(slot.engine) - held_tokens
+        others_home = self.ledger.used(slot.home) - held_tokens
         best, best_used = None, None
         for e in range(self.num_engines):
             if e == slot.engine or not self._below_cap(e):
@@ -358,7 +364,7 @@ class Scheduler:
 
     def _shrink_step_to_fit(self, slot: Slot, held_tokens: int) -> bool:
         """Go on at home with a smaller step (at least `min_step_tokens`) if that fits there."""
-        room = self.ledger.free(slot.engine) + held_tokens - self._pending[slot.engine]
+        room = self.ledger.free(slot.home) + held_tokens - self._pending[slot.home]
         block = self.ledger.block_size_tokens
         step = room // block * block - slot.num_tokens  # its reservation, context + step, fits room
         if step < min(self.config.min_step_tokens, slot.remaining_tokens):
@@ -368,7 +374,7 @@ class Scheduler:
         ok = (
             self.ledger.resize(slot.key, need)
             if held_tokens
-            else self.ledger.reserve(slot.key, slot.engine, need)
+            else self.ledger.reserve(slot.key, slot.home, need)
         )
         if not ok:
             slot.step_cap = None
@@ -376,8 +382,8 @@ class Scheduler:
 
     def _pick_per_turn(self, slot: Slot) -> int | None:
         need = self._admit_tokens(slot)
-        if self.ledger.fits(slot.engine, need) and self._below_cap(slot.engine):
-            return slot.engine
+        if self.ledger.fits(slot.home, need) and self._below_cap(slot.home):
+            return slot.home
         return self._most_free_fitting(need)
 
     def _most_free_fitting(self, need: int, owed: list[int] | None = None) -> int | None:
@@ -453,14 +459,14 @@ class Scheduler:
         return Dispatch(slot.key, engine, self._gen_tokens(slot))
 
     def _move_home(self, slot: Slot, engine: int) -> None:
-        self.num_active[slot.engine] -= 1
+        self.num_active[slot.home] -= 1
         self.num_active[engine] += 1
         slot.engine = engine
 
     def _finish(self, slot: Slot) -> None:
         self.ledger.release(slot.key)
         if slot.started:
-            self.num_active[slot.engine] -= 1
+            self.num_active[slot.home] -= 1
         else:  # finished before it ever ran (e.g. cancelled): drop it from the new queues
             for queue in (self._new, *self._new_by_engine):
                 if slot.key in queue:
@@ -471,11 +477,11 @@ class Scheduler:
     def _set_running(self, engine: int, delta: int) -> None:
         before = self.num_running[engine]
         self.num_running[engine] += delta
-        now = self._clock()
+        now, since = self._clock(), self._busy_since[engine]
         if before == 0 and delta > 0:
             self._busy_since[engine] = now
-        elif self.num_running[engine] == 0 and self._busy_since[engine] is not None:
-            self._busy_s[engine] += now - self._busy_since[engine]
+        elif self.num_running[engine] == 0 and since is not None:
+            self._busy_s[engine] += now - since
             self._busy_since[engine] = None
 
     def _expect(self, key: Hashable, status: Status) -> Slot:
