@@ -298,9 +298,7 @@ class Scheduler:
                 return None
             self.ledger.reserve(key, engine, self._admit_tokens(slot))
             if engine != slot.engine:
-                slot.num_migrations += 1
-                self.num_migrations += 1
-                self._move_home(slot, engine)
+                self._migrate(slot, engine)
         elif self.config.policy == "kv" and not self._below_cap(slot.home):
             return None
         del self._ready[key]
@@ -315,9 +313,7 @@ class Scheduler:
         if lighter is not None:
             self.ledger.release(slot.key)
             self.ledger.reserve(slot.key, lighter, need)
-            slot.num_migrations += 1
-            self.num_migrations += 1
-            self._move_home(slot, lighter)
+            self._migrate(slot, lighter)
             return lighter
         if self._below_cap(home):
             if held is not None and self.ledger.resize(slot.key, need):
@@ -338,9 +334,7 @@ class Scheduler:
             return None
         self.ledger.reserve(slot.key, engine, need)
         if engine != home:
-            slot.num_migrations += 1
-            self.num_migrations += 1
-            self._move_home(slot, engine)
+            self._migrate(slot, engine)
         return engine
 
     def _lighter_engine(self, slot: Slot, need: int, held_tokens: int) -> int | None:
@@ -458,7 +452,10 @@ class Scheduler:
         self._set_running(engine, +1)
         return Dispatch(slot.key, engine, self._gen_tokens(slot))
 
-    def _move_home(self, slot: Slot, engine: int) -> None:
+    def _migrate(self, slot: Slot, engine: int) -> None:
+        """Make `engine` the trajectory's new home (its next request re-prefills there)."""
+        slot.num_migrations += 1
+        self.num_migrations += 1
         self.num_active[slot.home] -= 1
         self.num_active[engine] += 1
         slot.engine = engine
