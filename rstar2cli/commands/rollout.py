@@ -133,7 +133,8 @@ def rollout(
 
     from rstar2cli.scheduler.engines import EngineSpec
 
-    spec = EngineSpec(str(model), engines, engine, ray_address, kv_cache_tokens, seed)
+    # NOTE: --kv-cache-tokens 0 means the engine's default size, as leaving it out does
+    spec = EngineSpec(str(model), engines, engine, ray_address, kv_cache_tokens or None, seed)
     asyncio.run(_run(console, spec, items, out, urls, agent_config, sched_config, settings))
 
 
