@@ -27,16 +27,21 @@ def run_jobs(url: str, jobs: list[dict]) -> list[dict]:
     return body["results"]  # type: ignore[index]
 
 
+def parent_pid(pid: int) -> int | None:
+    """The parent of `pid` (from /proc/PID/stat), or None if it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
 def processes_below(daemon_pid: int) -> dict[int, int]:
     """pid -> depth below the daemon, for every process in the daemon's tree."""
     parent_of: dict[int, int] = {}
     for name in os.listdir("/proc"):
-        if name.isdigit():
-            try:
-                with open(f"/proc/{name}/stat") as f:
-                    parent_of[int(name)] = int(f.read().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
+        if name.isdigit() and (parent := parent_pid(int(name))) is not None:
+            parent_of[int(name)] = parent
     depths = {}
     for pid in parent_of:
         depth, up = 0, pid

@@ -14,7 +14,13 @@ import threading
 import time
 
 import pytest
-from sbhelpers import leftover_job_pids, light_runner_pids, processes_below, run_jobs
+from sbhelpers import (
+    leftover_job_pids,
+    light_runner_pids,
+    parent_pid,
+    processes_below,
+    run_jobs,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -102,7 +108,7 @@ def test_light_runner_killed_mid_job(light_daemon):
     deadline = time.monotonic() + 10.0
     while victim is None and time.monotonic() < deadline:
         below = processes_below(daemon_pid)
-        busy = [pid for pid in before if any(_parent(p) == pid for p in below)]
+        busy = [pid for pid in before if any(parent_pid(p) == pid for p in below)]
         victim = busy[0] if busy else None
         time.sleep(0.02)
     assert victim is not None, "the job never showed up below a light runner"
@@ -114,11 +120,3 @@ def test_light_runner_killed_mid_job(light_daemon):
     after = light_runner_pids(daemon_pid)
     assert len(after) == 2 and victim not in after
     assert leftover_job_pids(daemon_pid) == []
-
-
-def _parent(pid: int) -> int | None:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return int(f.read().rsplit(")", 1)[1].split()[1])
-    except (OSError, IndexError, ValueError):
-        return None
