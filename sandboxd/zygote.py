@@ -17,8 +17,9 @@ tmpfs, answer one status. A slot runs one job at a time, so Z and L never run jo
 Killing the tree. As root, jobs run as the slot's own uid; Z kills them all with kill(-1) sent as
 that uid (`isolation.signal_uid`), which spares Z and L (root). That is safe in Z only: nothing
 inside a namespace can signal its init, while L could be signalled during the switch, so L asks
-Z to do it, unless the job process has exited and left nothing behind (`job.tree_gone`). Without root, jobs share Z's uid: L is not started and Z runs every job, killing with
-kill(-1) as PID 1 of the slot. If L fails to start, Z runs every job; if L dies, its job in flight
+Z to do it, unless the job process has exited and left nothing behind (`job.tree_gone`).
+Without root, jobs share Z's uid: L is not started and Z runs every job, killing with kill(-1)
+as PID 1 of the slot. If L fails to start, Z runs every job; if L dies, its job in flight
 answers `sandbox_error`, Z kills and reaps what is left, and starts a new L for the next light job.
 
 What it does not: no asyncio, no HTTP (see `sandboxd.pool` / `sandboxd.server`). The fork server

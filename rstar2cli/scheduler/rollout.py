@@ -9,9 +9,10 @@ trajectory at once (real-time refill). A sampler task records KV use over time (
 engine-reported) and calls `on_tick` for progress displays.
 
 `rollout_session` holds the engines and the tool runner for a command's run and always shuts
-both down. What it does not do: files, grading or printing (the `rollout` command does), or choose
-engines (the scheduler does). `RolloutStats` holds what the benchmark reports: makespan, per-engine busy
-time and idle fraction, preemptions (from engines' `metrics()`), tokens/s, tool latency.
+both down. What it does not do: files, grading or printing (the `rollout` command does), or
+choose engines (the scheduler does). `RolloutStats` holds what the benchmark reports: makespan,
+per-engine busy time and idle fraction, preemptions (from engines' `metrics()`), tokens/s, tool
+latency.
 Tested with scripted engines in tests/unit/test_agent_loop.py and for real in
 tests/integration/test_rollout_cli.py.
 """

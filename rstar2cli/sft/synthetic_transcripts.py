@@ -12,12 +12,13 @@ protocol's own layout (`rstar2cli.sft.data.render_chat` turns it into the RL pro
 A share `direct_fraction` answers at once, without the tool ("mental arithmetic" the model
 cannot actually do, so at inference such answers are mostly wrong): the SFT'd model then uses the
 tool only some of the time, and RL has the paper's lesson to learn, that calling the tool pays.
-Of the transcripts that use the tool, a share `error_fraction` first makes a call that fails (a misspelt variable:
-NameError, or an unclosed parenthesis: SyntaxError), reads the real traceback and then makes the
-corrected call, so RL starts from correct trajectories that contain tool errors (GRPO-RoC then
-learns to avoid them). Every tool output is real: the code is executed here, in-process, compiled
-as `main.py` with tracebacks trimmed to the user's frames like `sandboxd.runner` prints them. That
-is safe because the code is arithmetic this module wrote itself; it never runs model output.
+Of the transcripts that use the tool, a share `error_fraction` first makes a call that fails (a
+misspelt variable: NameError, or an unclosed parenthesis: SyntaxError), reads the real traceback
+and then makes the corrected call, so RL starts from correct trajectories that contain tool errors
+(GRPO-RoC then learns to avoid them). Every tool output is real: the code is executed here,
+in-process, compiled as `main.py` with tracebacks trimmed to the user's frames like
+`sandboxd.runner` prints them. That is safe because the code is arithmetic this module wrote
+itself; it never runs model output.
 
 It does not tokenize, and does not read files. Tested in tests/unit/test_sft_data.py.
 """
