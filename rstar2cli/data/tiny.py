@@ -116,6 +116,9 @@ def tiny_config(tokenizer: Any, size: str = "tiny") -> Any:
     from transformers import Qwen3Config
 
     s = SIZES[size]
+    # NOTE: spelled as transformers 4.x names them; 5.x still reads both (rope_theta goes into
+    # rope_parameters, torch_dtype is dtype's old name) but its typed signature lists neither
+    v4_names: dict[str, Any] = {"rope_theta": 10000.0, "torch_dtype": "float32"}
     return Qwen3Config(
         vocab_size=len(tokenizer),
         hidden_size=s.hidden_size,
@@ -126,11 +129,10 @@ def tiny_config(tokenizer: Any, size: str = "tiny") -> Any:
         head_dim=s.hidden_size // s.num_heads,
         max_position_embeddings=s.max_positions,
         tie_word_embeddings=True,
-        rope_theta=10000.0,
         eos_token_id=tokenizer.convert_tokens_to_ids(P.IM_END),
         pad_token_id=tokenizer.convert_tokens_to_ids(P.IM_END),
         bos_token_id=None,
-        torch_dtype="float32",
+        **v4_names,
     )
 
 

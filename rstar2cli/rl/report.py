@@ -99,6 +99,7 @@ class StageReporter:
         self.phase(f"rollout {snap.num_done}/{snap.num_total} (tools {snap.num_tool_in_flight})")
 
     def step(self, row: dict[str, Any]) -> None:
+        assert self._metrics is not None, "steps are reported inside `with StageReporter(...)`"
         self._metrics.write_batch([row])
         step = int(row["step"])
         if self._tb is not None:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -69,7 +70,7 @@ def select(records: list[dict[str, Any]], recipe: RlRecipe, step: int) -> Select
     for r in records:
         groups.setdefault(str(r["id"]), []).append(r)
     group_list = list(groups.values())
-    keep = range(len(group_list))
+    keep: Sequence[int] = range(len(group_list))
     if recipe.roc.drop_equal_groups:
         keep = drop_equal_reward_groups([[r["reward"] for r in g] for g in group_list])
     rng = np.random.default_rng([recipe.train.seed, step, 1])

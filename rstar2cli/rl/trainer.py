@@ -136,11 +136,12 @@ class PolicyTrainer:
         self.on_gpu = torch.cuda.is_available()
         bf16 = cfg.precision == "bf16" or (cfg.precision == "auto" and self.on_gpu)
         torch.manual_seed(cfg.seed)
-        self.tokenizer = AutoTokenizer.from_pretrained(model_path)
+        tokenizer: Any = AutoTokenizer.from_pretrained(model_path)
+        self.tokenizer = tokenizer
         self.pad_id = int(
-            self.tokenizer.pad_token_id
-            if self.tokenizer.pad_token_id is not None
-            else self.tokenizer.convert_tokens_to_ids(P.IM_END)
+            tokenizer.pad_token_id
+            if tokenizer.pad_token_id is not None
+            else tokenizer.convert_tokens_to_ids(P.IM_END)
         )
         model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
         model.config.use_cache = False
@@ -353,7 +354,9 @@ def plan_update(
     if num_mini_batches > 1:
         order = np.random.default_rng(list(seed_key)).permutation(len(samples)).tolist()
     minis = [order[m::num_mini_batches] for m in range(num_mini_batches)]
-    plan = [[[[] for _ in range(gas)] for _ in minis] for _ in range(world)]
+    plan: list[list[list[list[TrainSample]]]] = [
+        [[[] for _ in range(gas)] for _ in minis] for _ in range(world)
+    ]
     tokens = []
     for m, idx in enumerate(minis):
         ranked = sorted(

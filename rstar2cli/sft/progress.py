@@ -80,6 +80,7 @@ class Reporter:
             "tokens_per_s": tps,
             "step_time_s": step_time_s,
         }
+        assert self._metrics is not None, "steps are reported inside `with Reporter(...)`"
         self._metrics.write_batch([row])
         if self._tb is not None:
             for key in ("loss", "lr", "grad_norm", "tokens_per_s"):
@@ -90,6 +91,7 @@ class Reporter:
         if not self.enabled:
             return
         self._progress.stop()
-        self._metrics.close()
+        if self._metrics is not None:
+            self._metrics.close()
         if self._tb is not None:
             self._tb.close()
