@@ -34,6 +34,7 @@
     python benchmarks/scheduler.py --part b                 # simulated MI300X cluster (~30 s)
     python benchmarks/scheduler.py --part b --sim-gpu h100  # KV-bound case (minutes)
     python benchmarks/scheduler.py --part b --sim-engines 8 --sim-prompts 64  # 1/8 scale
+    python benchmarks/scheduler.py --part b --sim-seeds 0  # one workload (default: seeds 0,1,2)
 """
 
 from __future__ import annotations
@@ -277,6 +278,7 @@ async def run_real(args) -> tuple[list[list[str]], object]:
                     step_tokens=args.step_tokens,
                     migrate_after_s=args.migrate_after_s,
                     drain_balance=args.drain_balance,
+                    kv_overcommit=args.kv_overcommit,
                     max_active_per_engine=None if policy == "kv" else args.concurrency,
                 )
                 agent = AgentConfig(max_response_tokens=args.max_response_tokens)
@@ -345,13 +347,46 @@ def print_real(rows, args) -> None:
 # (b) simulated cluster
 
 
-def run_sim(args, cost) -> None:
+def run_sims(args, cost) -> None:
+    """Part (b) once per workload seed; with several seeds, a summary of the makespans and of the
+    ratios between policies across them."""
+    seeds = [int(x) for x in args.sim_seeds.split(",")]
+    by_seed = {}
+    for seed in seeds:
+        print(f"\n== (b) workload seed {seed}", flush=True)
+        by_seed[seed] = run_sim(args, cost, seed)
+    if len(seeds) < 2:
+        return
+    print(
+        f"\n(b) across workload seeds {args.sim_seeds}: makespan s per seed; the ratios are of "
+        "the mean makespans, then the lowest and highest per-seed ratio"
+    )
+    header = ["policy", *(f"seed {x}" for x in seeds), "mean s", "static/x", "least-req/x"]
+    names = list(by_seed[seeds[0]])
+    mean = {n: sum(by_seed[x][n] for x in seeds) / len(seeds) for n in names}
+
+    def ratios(n: str, base: str) -> str:
+        if base not in mean:
+            return "-"
+        per_seed = [by_seed[x][base] / by_seed[x][n] for x in seeds]
+        return f"{mean[base] / mean[n]:.2f}x ({min(per_seed):.2f}-{max(per_seed):.2f})"
+
+    table = [
+        [n, *(f"{by_seed[x][n]:.1f}" for x in seeds), f"{mean[n]:.1f}"]
+        + [ratios(n, "static"), ratios(n, "least-requests")]
+        for n in names
+    ]
+    _print_table(header, table)
+
+
+def run_sim(args, cost, seed: int) -> dict[str, float]:
+    """Simulate every selected policy on one workload; print the tables; makespans by policy."""
     from scheduler_sim import GPUS, lower_bound_s, make_workload, simulate, step_floor_s
 
     from rstar2cli.scheduler.scheduler import SchedulerConfig
 
     gpu = GPUS[args.sim_gpu]
-    work = make_workload(args.sim_prompts, args.sim_samples, args.sim_max_response, args.seed)
+    work = make_workload(args.sim_prompts, args.sim_samples, args.sim_max_response, seed)
     work_lb, path_lb = lower_bound_s(
         work, args.sim_engines, args.sim_kv_tokens, args.sim_max_response, cost, args.sim_max_seqs
     )
@@ -368,6 +403,7 @@ def run_sim(args, cost) -> None:
             max_active_per_engine=args.sim_max_seqs,
             migrate_after_s=args.migrate_after_s,
             drain_balance=args.drain_balance,
+            kv_overcommit=args.kv_overcommit,
         )
         start = time.perf_counter()
         r = simulate(
@@ -387,10 +423,10 @@ def run_sim(args, cost) -> None:
     by = {r.policy: r.makespan_s for r in results}
     print(
         f"\n(b) simulated: {args.sim_engines} engines, one per {gpu.name}, Qwen3-14B bf16; "
-        f"{args.sim_prompts} prompts x {args.sim_samples} rollouts, responses up to "
+        f"{args.sim_prompts} prompts x {args.sim_samples} rollouts (workload seed {seed}), responses up to "
         f"{args.sim_max_response} tokens; KV {args.sim_kv_tokens} tokens/engine "
         f"({args.sim_kv_source}); max_num_seqs {args.sim_max_seqs}; kv step {args.step_tokens} tokens; "
-        f"drain balance {args.drain_balance}"
+        f"drain balance {args.drain_balance}; kv over-commit {args.kv_overcommit}"
     )
     print(
         f"cost ({args.sim_cost_source}): step = {cost.a_s * 1e3:.2f} ms + {cost.b_s * 1e6:.1f} us x "
@@ -459,6 +495,7 @@ def run_sim(args, cost) -> None:
         for r in results
     ]
     _print_table(header, table)
+    return by
 
 
 def _ratio(by: dict, name: str, r) -> str:
@@ -497,6 +534,12 @@ def main() -> None:
         help="kv incremental (a, b): the drain's move threshold; 'none' turns the moves off",
     )
     ap.add_argument(
+        "--kv-overcommit",
+        type=float,
+        default=SchedulerConfig.kv_overcommit,
+        help="kv per_turn/incremental (a, b): the ledger's budget as a multiple of the KV",
+    )
+    ap.add_argument(
         "--cost", default=None, help="a,b,c,p for (b) instead of the GPU's spec-sheet model"
     )
     ap.add_argument(
@@ -510,6 +553,12 @@ def main() -> None:
         "--sim-kv-tokens", type=int, default=None, help="per engine (b); default: from the GPU"
     )
     ap.add_argument("--sim-max-seqs", type=int, default=256)
+    ap.add_argument(
+        "--sim-seeds",
+        default="0,1,2",
+        help="workload seeds for (b), comma list: one simulation of every policy per seed, then "
+        "a summary across them (the ratios between policies move by several %% between seeds)",
+    )
     ap.add_argument(
         "--sim-step-tokens", type=int, default=1024, help="kv per_turn/incremental step (b)"
     )
@@ -538,7 +587,7 @@ def main() -> None:
             args.sim_kv_tokens = gpu_kv_tokens(gpu)
             args.sim_kv_source = "0.8 of GPU memory - weights - 4 GB, 160 KiB/token"
         args.step_tokens = args.sim_step_tokens
-        run_sim(args, cost)
+        run_sims(args, cost)
 
 
 if __name__ == "__main__":

@@ -44,7 +44,8 @@ complete -c rstar2 -n '__fish_seen_subcommand_from rollout' -l engines -d 'Numbe
 complete -c rstar2 -n '__fish_seen_subcommand_from rollout' -l engine -d 'Engine kind vllm | hf' -r -F
 complete -c rstar2 -n '__fish_seen_subcommand_from rollout' -l sandbox -d 'sandboxd URL (repeatable)' -r -F
 complete -c rstar2 -n '__fish_seen_subcommand_from rollout' -l scheduler -d 'kv (KV-cache-aware) | static | least-requests' -r -F
-complete -c rstar2 -n '__fish_seen_subcommand_from rollout' -l kv-mode -d 'kv scheduler reservation incremental (context + next step, never over' -r -F
+complete -c rstar2 -n '__fish_seen_subcommand_from rollout' -l kv-mode -d 'kv scheduler reservation incremental (context + next step) | full (th' -r -F
+complete -c rstar2 -n '__fish_seen_subcommand_from rollout' -l kv-overcommit -d 'incremental/per_turn reserve up to this multiple of each engines KV ' -r -F
 complete -c rstar2 -n '__fish_seen_subcommand_from rollout' -l max-turns -d 'Most model turns per trajectory' -r -F
 complete -c rstar2 -n '__fish_seen_subcommand_from rollout' -l max-response-tokens -d 'Response budget (model + tool tokens)' -r -F
 complete -c rstar2 -n '__fish_seen_subcommand_from rollout' -l temperature -d 'Sampling temperature' -r -F

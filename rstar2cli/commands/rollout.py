@@ -52,8 +52,16 @@ def rollout(
     kv_mode: str = typer.Option(
         "incremental",
         "--kv-mode",
-        help="kv scheduler reservation: incremental (context + next step, never over-commits) | "
+        help="kv scheduler reservation: incremental (context + next step) | "
         "full (the paper's prompt + max response) | per_turn.",
+    ),
+    kv_overcommit: float = typer.Option(
+        1.1,
+        "--kv-overcommit",
+        min=1.0,
+        max=2.0,
+        help="incremental/per_turn: reserve up to this multiple of each engine's KV (most "
+        "requests end before using their whole step); 1.0 never lets an engine preempt.",
     ),
     max_turns: int = typer.Option(
         10, "--max-turns", min=1, help="Most model turns per trajectory."
@@ -85,7 +93,9 @@ def rollout(
     if engine not in ("vllm", "hf"):
         raise UserError(f"--engine must be vllm or hf, got {engine!r}")
     try:
-        sched_config = SchedulerConfig(policy=scheduler, kv_mode=kv_mode)
+        sched_config = SchedulerConfig(
+            policy=scheduler, kv_mode=kv_mode, kv_overcommit=kv_overcommit
+        )
         agent_config = AgentConfig(
             max_turns=max_turns,
             max_response_tokens=max_response_tokens,
@@ -121,6 +131,7 @@ def rollout(
         sandbox=urls,
         scheduler=scheduler,
         kv_mode=kv_mode,
+        kv_overcommit=kv_overcommit,
         max_turns=max_turns,
         max_response_tokens=max_response_tokens,
         temperature=temperature,

@@ -92,7 +92,14 @@ class RolloutConfig(RecipeModel):
     kv_mode: Literal["full", "per_turn", "incremental"] = Field(
         "full",
         description="kv scheduler reservation: full (the paper's prompt + max response), "
-        "per_turn, or incremental (context + next step; never over-commits).",
+        "per_turn, or incremental (context + next step).",
+    )
+    kv_overcommit: float = Field(
+        1.1,
+        ge=1.0,
+        le=2.0,
+        description="per_turn / incremental: reserve up to this multiple of each engine's KV "
+        "(most requests end before using their whole step); 1.0 never lets an engine preempt.",
     )
 
     @model_validator(mode="after")

@@ -288,7 +288,11 @@ class StageRun:
         idx = batch_indices(step, len(self.problems), r.rollout.num_prompts_per_step, r.train.seed)
         items = make_items([self.problems[i] for i in idx], r.rollout.num_samples_per_prompt)
         agent = self._agent_config(request_seed_base(r.train.seed, step), r.rollout.temperature)
-        sched = SchedulerConfig(policy=r.rollout.scheduler, kv_mode=r.rollout.kv_mode)
+        sched = SchedulerConfig(
+            policy=r.rollout.scheduler,
+            kv_mode=r.rollout.kv_mode,
+            kv_overcommit=r.rollout.kv_overcommit,
+        )
         records, _, grade_s = await rollout_and_grade(
             self.engines,
             items,
@@ -370,7 +374,11 @@ class StageRun:
         agent = self._agent_config(
             request_seed_base(r.train.seed, step, eval_pass=True), r.eval.temperature
         )
-        sched = SchedulerConfig(policy=r.rollout.scheduler, kv_mode=r.rollout.kv_mode)
+        sched = SchedulerConfig(
+            policy=r.rollout.scheduler,
+            kv_mode=r.rollout.kv_mode,
+            kv_overcommit=r.rollout.kv_overcommit,
+        )
         records, _, _ = await rollout_and_grade(
             self.engines,
             make_items(self.eval_problems, 1),

@@ -17,7 +17,8 @@ Two reservation modes (a setting, `KV_MODES`):
 
 Reservations round up to whole blocks when `block_size_tokens` > 1 (engines allocate
 blocks, not tokens). What it does not do: choose engines (scheduler.py) or talk to engines.
-NOTE: invariant for the `kv` policy: used(e) <= capacity(e) for every engine at all times;
+NOTE: invariant for the `kv` policy: used(e) <= capacity(e) for every engine at all times (the
+scheduler may give the ledger more than the engine's KV: `SchedulerConfig.kv_overcommit`);
 `reserve` refuses (returns False) instead of over-committing. Baselines call `force_reserve`,
 which records an over-commit without refusing, so the same ledger shows how far they overflow.
 Tested in tests/unit/test_kv.py.

@@ -152,7 +152,7 @@ async def run_rollout(
         tool_latency_s=tools.latencies_s[run.tool_latency_offset :],
         kv_samples=run.kv_samples,
         max_ledger_used_tokens=list(s.ledger.max_used_tokens),
-        capacity_tokens=list(s.ledger.capacity_tokens),
+        capacity_tokens=list(s.capacity_tokens),
     )
 
 
@@ -282,6 +282,6 @@ class _Run:
                     num_tool_in_flight=self.tools.num_in_flight,
                     ledger_used_tokens=ledger,
                     engine_used_tokens=engine_used,
-                    capacity_tokens=list(self.sched.ledger.capacity_tokens),
+                    capacity_tokens=list(self.sched.capacity_tokens),
                 )
             )

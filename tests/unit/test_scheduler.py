@@ -15,6 +15,7 @@ from rstar2cli.scheduler.scheduler import Scheduler, SchedulerConfig, Status
 
 def make(capacities, policy="kv", clock=None, **kw):
     kw.setdefault("kv_mode", "full")  # the paper's mode unless a test names another
+    kw.setdefault("kv_overcommit", 1.0)  # exact budgets unless a test names an over-commit
     config = SchedulerConfig(policy=policy, **kw)
     return Scheduler(capacities, config, clock=clock or (lambda: 0.0))
 
@@ -163,6 +164,23 @@ def test_incremental_rejects_a_trajectory_whose_budget_can_never_fit():
     s = make([1000], kv_mode="incremental", step_tokens=100)
     with pytest.raises(ValueError, match="KV tokens"):
         s.add("a", 100, 1000)  # its first step fits, its last could not
+
+
+def test_overcommit_lets_reservations_reach_that_multiple_of_the_kv_and_no_further():
+    s = make([1000], kv_mode="incremental", step_tokens=200, kv_overcommit=1.25)
+    for k in "abcde":
+        s.add(k, 50, 400)  # each reserves 250; 1000 holds four, 1250 five
+    assert len(s.schedule()) == 5 and s.ledger.used(0) == 1250
+    s.add("f", 50, 400)
+    assert s.schedule() == []  # a sixth would pass 1.25 x the KV
+    with pytest.raises(ValueError, match="largest engine has 1000"):
+        s.add("g", 100, 1000)  # its whole budget must still fit the real KV
+
+
+def test_overcommit_leaves_the_papers_full_mode_and_the_baselines_exact():
+    for policy, mode in (("kv", "full"), ("least-requests", "full"), ("static", "full")):
+        s = make([1000], policy=policy, kv_mode=mode, kv_overcommit=1.5)
+        assert s.ledger.capacity_tokens == [1000] and s.capacity_tokens == [1000]
 
 
 def test_incremental_waits_for_home_then_migrates_after_the_timeout():
@@ -354,18 +372,21 @@ def random_scripts(rng, num, max_response):
     return scripts
 
 
+@pytest.mark.parametrize("overcommit", [1.0, 1.2])
 @pytest.mark.parametrize("kv_mode", ["full", "per_turn", "incremental"])
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_kv_never_over_commits_and_finishes_everything(kv_mode, seed):
+def test_kv_never_over_commits_and_finishes_everything(kv_mode, seed, overcommit):
     rng = random.Random(seed)
     caps = [rng.choice([600, 900, 1200]) for _ in range(3)]
-    s = make(caps, kv_mode=kv_mode, step_tokens=64)
+    s = make(caps, kv_mode=kv_mode, step_tokens=64, kv_overcommit=overcommit)
     scripts = random_scripts(rng, 40, max_response=400)
     for k in scripts:
         s.add(k, rng.randint(20, 150), 400)
     run_script(s, scripts)
     assert s.all_done and all(s.ledger.used(e) == 0 for e in range(3))
-    assert s.count(Status.DONE) == 40 and max(s.ledger.max_used_tokens) <= max(caps)
+    budget = [int(c * (1.0 if kv_mode == "full" else overcommit)) for c in caps]
+    assert s.count(Status.DONE) == 40
+    assert all(s.ledger.max_used_tokens[e] <= budget[e] for e in range(3))
 
 
 def test_busy_time_is_time_with_requests_in_flight():
