@@ -17,7 +17,10 @@
     max(work bound, critical path), and against the step floor; then where the time goes (when
     50/90/99% were done, busy fraction and batch per tenth of the run, the last trajectory).
     Policies: kv-full (the paper's reservation), kv-per_turn, kv-incremental (the default kv
-    mode), static, least-requests; `--policies` picks some of them.
+    mode), static, least-requests; `--policies` picks some of them. Every policy runs on each
+    workload seed (`--sim-seeds`, default 0,1,2), then a summary across seeds: which engines the
+    long trajectories land on moves least-requests' and static's makespans by ~10% from one
+    workload to the next, so a single seed can flatter or wrong either side.
 
     Why no policy gets near the work bound here: it spreads the fixed cost of a step `a` (reading
     the weights, ~9 ms on an MI300X) over full batches of max_num_seqs for the whole run. But
