@@ -527,7 +527,7 @@ def main() -> None:
         "--concurrency", type=int, default=24, help="baselines' trajectories per engine (a)"
     )
     ap.add_argument("--step-tokens", type=int, default=256, help="kv per_turn/incremental step (a)")
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--seed", type=int, default=0, help="workload seed (a); (b) takes --sim-seeds")
     ap.add_argument("--policies", default=None, help="comma list of labels to run (default: all)")
     ap.add_argument("--migrate-after-s", type=float, default=30.0, help="kv incremental (a, b)")
     ap.add_argument(

@@ -24,6 +24,7 @@ import typer
 
 from rstar2cli.agent.inputs import check_sandboxes, load_problems
 from rstar2cli.errors import UserError
+from rstar2cli.scheduler.scheduler import SchedulerConfig
 
 _FLUSH_EVERY = 16
 _FLUSH_EVERY_S = 2.0
@@ -56,7 +57,7 @@ def rollout(
         "full (the paper's prompt + max response) | per_turn.",
     ),
     kv_overcommit: float = typer.Option(
-        1.1,
+        SchedulerConfig.kv_overcommit,
         "--kv-overcommit",
         min=1.0,
         max=2.0,
@@ -87,7 +88,6 @@ def rollout(
     from rich.console import Console
 
     from rstar2cli.agent.loop import AgentConfig
-    from rstar2cli.scheduler.scheduler import SchedulerConfig
 
     console = Console(highlight=False)
     if engine not in ("vllm", "hf"):

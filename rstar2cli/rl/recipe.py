@@ -21,6 +21,7 @@ from typing import Literal
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from rstar2cli.recipe import RecipeModel
+from rstar2cli.scheduler.scheduler import SchedulerConfig
 
 
 class RlDataConfig(RecipeModel):
@@ -95,7 +96,7 @@ class RolloutConfig(RecipeModel):
         "per_turn, or incremental (context + next step).",
     )
     kv_overcommit: float = Field(
-        1.1,
+        SchedulerConfig.kv_overcommit,
         ge=1.0,
         le=2.0,
         description="per_turn / incremental: reserve up to this multiple of each engine's KV "

@@ -169,6 +169,12 @@ class StageRun:
 
     # -- set-up ---------------------------------------------------------------------------
 
+    def _sched_config(self) -> Any:
+        from rstar2cli.scheduler.scheduler import SchedulerConfig
+
+        r = self.recipe.rollout
+        return SchedulerConfig(policy=r.scheduler, kv_mode=r.kv_mode, kv_overcommit=r.kv_overcommit)
+
     def _agent_config(self, seed_base: int, temperature: float) -> Any:
         from rstar2cli.agent.loop import AgentConfig
 
@@ -280,7 +286,6 @@ class StageRun:
 
     async def _step(self, step: int, tools: Any, grader: Any, rep: Any) -> None:
         from rstar2cli.rl.rollouts import make_items, request_seed_base, rollout_and_grade
-        from rstar2cli.scheduler.scheduler import SchedulerConfig
         from rstar2cli.sft.train import batch_indices
 
         r = self.recipe
@@ -288,11 +293,7 @@ class StageRun:
         idx = batch_indices(step, len(self.problems), r.rollout.num_prompts_per_step, r.train.seed)
         items = make_items([self.problems[i] for i in idx], r.rollout.num_samples_per_prompt)
         agent = self._agent_config(request_seed_base(r.train.seed, step), r.rollout.temperature)
-        sched = SchedulerConfig(
-            policy=r.rollout.scheduler,
-            kv_mode=r.rollout.kv_mode,
-            kv_overcommit=r.rollout.kv_overcommit,
-        )
+        sched = self._sched_config()
         records, _, grade_s = await rollout_and_grade(
             self.engines,
             items,
@@ -367,18 +368,13 @@ class StageRun:
 
     async def _evaluate(self, step: int, tools: Any, grader: Any, rep: Any) -> float:
         from rstar2cli.rl.rollouts import make_items, request_seed_base, rollout_and_grade
-        from rstar2cli.scheduler.scheduler import SchedulerConfig
 
         rep.phase("eval")
         r = self.recipe
         agent = self._agent_config(
             request_seed_base(r.train.seed, step, eval_pass=True), r.eval.temperature
         )
-        sched = SchedulerConfig(
-            policy=r.rollout.scheduler,
-            kv_mode=r.rollout.kv_mode,
-            kv_overcommit=r.rollout.kv_overcommit,
-        )
+        sched = self._sched_config()
         records, _, _ = await rollout_and_grade(
             self.engines,
             make_items(self.eval_problems, 1),

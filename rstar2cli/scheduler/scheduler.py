@@ -160,8 +160,8 @@ class Scheduler:
     ):
         self.config = config or SchedulerConfig()
         self.capacity_tokens = list(capacity_tokens)  # the engines' real KV
-        stepwise = self.config.policy == "kv" and self.config.kv_mode != "full"
-        over = self.config.kv_overcommit if stepwise else 1.0  # `full` is the paper's rule as is
+        # `full` mode is the paper's rule as is
+        over = self.config.kv_overcommit if self._stepwise() else 1.0
         self.ledger = KVLedger([int(c * over) for c in capacity_tokens], block_size_tokens)
         self.num_engines = len(capacity_tokens)
         self.slots: dict[Hashable, Slot] = {}
