@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
+
+# No test reports anywhere: vLLM's CUDA worker posts usage statistics unless told not to (the
+# subprocesses the tests start inherit this environment).
+os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
+os.environ.setdefault("DO_NOT_TRACK", "1")
 
 REPO = Path(__file__).resolve().parents[1]
 EVAL_DATA = REPO.parent / "shared" / "data" / "eval"
