@@ -384,12 +384,20 @@ def run_sims(args, cost) -> None:
 
 def run_sim(args, cost, seed: int) -> dict[str, float]:
     """Simulate every selected policy on one workload; print the tables; makespans by policy."""
-    from scheduler_sim import GPUS, lower_bound_s, make_workload, simulate, step_floor_s
+    from scheduler_sim import (
+        GPUS,
+        lower_bound_s,
+        make_workload,
+        order_groups,
+        simulate,
+        step_floor_s,
+    )
 
     from rstar2cli.scheduler.scheduler import SchedulerConfig
 
     gpu = GPUS[args.sim_gpu]
     work = make_workload(args.sim_prompts, args.sim_samples, args.sim_max_response, seed)
+    work = order_groups(work, args.sim_samples, args.sim_order, args.sim_max_response)
     work_lb, path_lb = lower_bound_s(
         work, args.sim_engines, args.sim_kv_tokens, args.sim_max_response, cost, args.sim_max_seqs
     )
@@ -429,7 +437,8 @@ def run_sim(args, cost, seed: int) -> dict[str, float]:
         f"{args.sim_prompts} prompts x {args.sim_samples} rollouts (workload seed {seed}), responses up to "
         f"{args.sim_max_response} tokens; KV {args.sim_kv_tokens} tokens/engine "
         f"({args.sim_kv_source}); max_num_seqs {args.sim_max_seqs}; kv step {args.step_tokens} tokens; "
-        f"drain balance {args.drain_balance}; kv over-commit {args.kv_overcommit}"
+        f"drain balance {args.drain_balance}; kv over-commit {args.kv_overcommit}; "
+        f"prompt order {args.sim_order}"
     )
     print(
         f"cost ({args.sim_cost_source}): step = {cost.a_s * 1e3:.2f} ms + {cost.b_s * 1e6:.1f} us x "
@@ -515,6 +524,8 @@ def _print_table(header, rows) -> None:
 
 
 def main() -> None:
+    from scheduler_sim import GPUS, ORDERS, Cost, gpu_cost, gpu_kv_tokens
+
     from rstar2cli.scheduler.scheduler import SchedulerConfig
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -563,10 +574,16 @@ def main() -> None:
         "a summary across them (the ratios between policies move by several %% between seeds)",
     )
     ap.add_argument(
+        "--sim-order",
+        choices=ORDERS,
+        default="data",
+        help="prompt groups' order for (b): data, or with hindsight the hardest first or the "
+        "easiest quarter last (what predicting lengths from a prompt's siblings could buy)",
+    )
+    ap.add_argument(
         "--sim-step-tokens", type=int, default=1024, help="kv per_turn/incremental step (b)"
     )
     args = ap.parse_args()
-    from scheduler_sim import GPUS, Cost, gpu_cost, gpu_kv_tokens
 
     if args.part in ("a", "both"):
         rows, fitted = asyncio.run(run_real(args))

@@ -147,6 +147,31 @@ def make_workload(
     return out
 
 
+ORDERS = ("data", "hard-first", "easy-last")
+
+
+def order_groups(
+    workload: list[SimTraj], num_samples: int, order: str, max_response: int
+) -> list[SimTraj]:
+    """The workload's prompt groups (`num_samples` adjacent rollouts each) reordered with hindsight:
+    `data` keeps them; `hard-first` puts the groups with the most decode tokens per rollout first;
+    `easy-last` keeps data order but moves the easiest quarter of the groups to the end. An oracle,
+    for asking what a scheduler that predicted lengths from a prompt's siblings could gain."""
+    if order not in ORDERS:
+        raise ValueError(f"unknown order {order!r}; choose one of {', '.join(ORDERS)}")
+    groups = [workload[i : i + num_samples] for i in range(0, len(workload), num_samples)]
+    if order == "data":
+        return list(workload)
+    cost = [sum(n for t in g for _, n, _, _ in _turns(t, max_response)) for g in groups]
+    by_cost = sorted(range(len(groups)), key=lambda i: -cost[i])
+    if order == "hard-first":
+        picked = by_cost
+    else:
+        easy = set(by_cost[len(groups) - len(groups) // 4 :])
+        picked = [i for i in range(len(groups)) if i not in easy] + sorted(easy)
+    return [t for i in picked for t in groups[i]]
+
+
 @dataclass
 class _Req:
     key: int
