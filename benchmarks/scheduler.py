@@ -33,6 +33,13 @@
     differ only when KV is short: on an MI300X a 14B model's KV holds ~730K tokens per engine and
     never fills, so both admit everything at once and make the same choices; on an H100 (~186K)
     it fills, least-requests preempts and recomputes, and kv-incremental admits in real time.
+    There the floor (a x 8,192 + the per-token work) sits just under 1.1x the work bound (whose
+    `a` term is the ~6,800 steps the KV allows at best), so coming within 10% would take every
+    engine's longest trajectory running from the first second with the KV over 80% full for all
+    of its 8K steps. In data order the trajectory that finishes last starts ~170 s in, when KV
+    frees. Starting long prompts early does not help: `--sim-order hard-first` and `easy-last` replay the workload
+    with the groups ordered in hindsight, and kv-incremental gets slower, because long contexts
+    admitted early crowd the KV and shrink every batch.
     python benchmarks/scheduler.py                 # both parts (a takes minutes on 2 cores)
     python benchmarks/scheduler.py --part b                 # simulated MI300X cluster (~30 s)
     python benchmarks/scheduler.py --part b --sim-gpu h100  # KV-bound case (minutes)
