@@ -74,11 +74,14 @@ app.command("quickstart")(quickstart.quickstart)
 def main(argv: list[str] | None = None) -> NoReturn:
     """Console-script entry point with one-line errors."""
     from rich.console import Console
+    from rich.markup import escape
 
     from rstar2cli.errors import UserError
 
     args = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in args
+    if debug:  # accepted anywhere on the line, as the error hint says; it is the root's option
+        args = ["--debug", *(a for a in args if a != "--debug")]
     err = Console(stderr=True, highlight=False, soft_wrap=True)
     try:
         app(args=args, prog_name="rstar2", standalone_mode=True)
@@ -87,7 +90,7 @@ def main(argv: list[str] | None = None) -> NoReturn:
     except UserError as exc:
         if debug:
             raise
-        err.print(f"[bold red]error:[/] {exc}", markup=True)
+        err.print(f"[bold red]error:[/] {escape(str(exc))}", markup=True)
         sys.exit(exc.exit_code)
     except KeyboardInterrupt:
         err.print("[yellow]interrupted[/]")
@@ -97,7 +100,8 @@ def main(argv: list[str] | None = None) -> NoReturn:
             raise
         msg = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
         err.print(
-            f"[bold red]error:[/] {type(exc).__name__}: {msg} (rerun with --debug for the traceback)",
+            f"[bold red]error:[/] {type(exc).__name__}: {escape(msg)} (rerun with --debug for the "
+            "traceback)",
             markup=True,
         )
         sys.exit(1)

@@ -151,6 +151,9 @@ class Pool:
             close_fds=True,
             stdin=subprocess.DEVNULL,
             cwd="/",
+            # NOTE: its own session: a terminal's Ctrl-C (SIGINT to the foreground group) reaches
+            # only the daemon, which then stops the slots itself
+            start_new_session=True,
         )
         child.close()
         parent.setblocking(False)

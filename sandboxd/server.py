@@ -198,8 +198,17 @@ async def serve(
     runner = web.AppRunner(app, access_log=None, handle_signals=False)
     await runner.setup()
     site = web.TCPSite(runner, host, port, backlog=1024, reuse_address=True)
-    await site.start()
+    try:
+        await site.start()
+    except OSError:  # the address is taken or not ours: stop the slots before saying so
+        await runner.cleanup()
+        await pool.close()
+        raise
     bound_port = runner.addresses[0][1]
+    stop = asyncio.Event()  # set up before the ready line: a signal right after it stops cleanly
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
     active, warnings = describe_isolation(pool.layers)
     print(
         f"{READY_PREFIX}http://{host}:{bound_port} ({config.num_workers} workers, timeout {config.timeout_s:g} s, "
@@ -210,10 +219,6 @@ async def serve(
         print(
             f"WARNING: sandboxd isolation layer not active: {warning}", file=sys.stderr, flush=True
         )
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
     await stop.wait()
     service.draining = True
     end = time.monotonic() + drain_s

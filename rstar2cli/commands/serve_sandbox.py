@@ -7,6 +7,8 @@ the host refuses. Tested in tests/sandboxd/test_serve_sandbox.py (--help, and a 
 
 from __future__ import annotations
 
+import importlib.util
+
 import typer
 
 
@@ -14,7 +16,9 @@ def serve_sandbox(
     host: str = typer.Option(
         "127.0.0.1", "--host", help="Address to bind; loopback unless you expose it."
     ),
-    port: int = typer.Option(8080, "--port", help="Port to listen on (0 picks a free one)."),
+    port: int = typer.Option(
+        8080, "--port", min=0, max=65535, help="Port to listen on (0 picks a free one)."
+    ),
     workers: int = typer.Option(
         2, "--workers", min=1, max=256, help="Worker slots (warm zygotes), about one per core."
     ),
@@ -37,6 +41,7 @@ def serve_sandbox(
     """Serve the Python tool sandbox over HTTP (native batch, SandboxFusion and code-judge APIs)."""
     import asyncio
 
+    from rstar2cli.errors import UserError
     from sandboxd.pool import PoolConfig
     from sandboxd.server import serve
 
@@ -50,5 +55,18 @@ def serve_sandbox(
         max_queue=max_queue,
     )
     if preload:
-        config.preload = tuple(name for name in preload.split(",") if name)
-    asyncio.run(serve(config, host, port))
+        config.preload = tuple(name.strip() for name in preload.split(",") if name.strip())
+        missing = [name for name in config.preload if not _importable(name)]
+        if missing:
+            raise UserError(f"--preload: no module named {', '.join(missing)}")
+    try:
+        asyncio.run(serve(config, host, port))
+    except OSError as exc:
+        raise UserError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+
+
+def _importable(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):  # a missing parent package, or an empty/relative name
+        return False

@@ -41,3 +41,16 @@ def test_bad_input_is_one_line_error_without_traceback(tmp_path):
 def test_unknown_command_is_a_usage_error():
     r = _run("no-such-command")
     assert r.returncode == 2 and "No such command" in r.stderr
+
+
+def test_error_text_in_brackets_is_printed_as_is(tmp_path):
+    missing = tmp_path / "[run 1]" / "nope.jsonl"
+    r = _run("prepare-data", "--source", str(missing), "--out", str(tmp_path / "x.parquet"))
+    assert r.returncode == 2 and "[run 1]" in r.stderr, r.stderr
+
+
+def test_debug_after_the_command_shows_the_traceback(tmp_path):
+    missing = tmp_path / "nope.jsonl"
+    out = str(tmp_path / "x.parquet")
+    r = _run("prepare-data", "--source", str(missing), "--out", out, "--debug")
+    assert r.returncode != 0 and "Traceback" in r.stderr and "UserError" in r.stderr, r.stderr

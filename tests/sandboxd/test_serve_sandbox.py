@@ -67,6 +67,47 @@ def test_serve_sandbox_serves_and_stops_cleanly():
         proc.stdout.close()
 
 
+def _serve_cmd(*args: str) -> list[str]:
+    return [sys.executable, "-c", "from rstar2cli.cli import main; main()", "serve-sandbox", *args]
+
+
+@pytest.mark.integration
+def test_ctrl_c_to_the_terminal_group_stops_quietly():
+    # A terminal's Ctrl-C sends SIGINT to the whole foreground process group.
+    import os
+
+    cmd = _serve_cmd("--port", "0", "--workers", "1")
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
+    try:
+        assert proc.stdout.readline().startswith("sandboxd listening on")
+        os.killpg(proc.pid, signal.SIGINT)
+        _, err = proc.communicate(timeout=30)
+        assert proc.returncode == 0 and "Traceback" not in err, err
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+
+
+def test_unusable_address_or_preload_is_one_line_error():
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = str(taken.getsockname()[1])
+        for args, expect in (
+            (["--port", port, "--workers", "1"], "cannot listen on 127.0.0.1:" + port),
+            (["--port", "0", "--preload", "math,no_such_module_xyz"], "no_such_module_xyz"),
+            (["--port", "0", "--preload", "no_pkg_xyz.sub"], "no_pkg_xyz.sub"),
+        ):
+            r = subprocess.run(_serve_cmd(*args), capture_output=True, text=True, timeout=120)
+            lines = r.stderr.strip().splitlines()
+            assert r.returncode == 2 and len(lines) == 1 and expect in lines[0], r.stderr
+
+
 def test_daemon_exits_when_the_process_that_spawned_it_is_killed():
     # A parent killed with SIGKILL runs no cleanup; the daemon must not be left behind.
     import os
