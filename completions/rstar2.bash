@@ -17,7 +17,7 @@ _rstar2() {
         serve-sandbox) opts="--host --port --workers --timeout-s --memory-mb --max-output-bytes --max-procs --disk-mb --max-queue --preload --help" ;;
         rollout) opts="--model --data --out --n --engines --engine --sandbox --scheduler --kv-mode --kv-overcommit --max-turns --max-response-tokens --temperature --seed --ray-address --template --kv-cache-tokens --max-tool-output-chars --tool-timeout --help" ;;
         rl-stage) opts="--recipe --set --out --init-from --reset-optimizer --sandbox --ray-address --help" ;;
-        filter-hard) opts="--model --data --out --samples --engines --engine --sandbox --ray-address --max-turns --max-response-tokens --temperature --seed --template --kv-cache-tokens --help" ;;
+        filter-hard) opts="--model --data --out --samples --engines --engine --sandbox --ray-address --max-turns --max-response-tokens --temperature --seed --template --kv-cache-tokens --force --help" ;;
         eval) opts="--benchmark --data --model --endpoint --tokenizer --sandbox --n --temperature --max-turns --max-response-tokens --k --engines --engine --kv-cache-tokens --max-in-flight --seed --out --label --limit --grade-only --help" ;;
         quickstart) opts="--out --fresh --sandbox-workers --help" ;;
         *) opts="" ;;

@@ -52,9 +52,9 @@ complete -c rstar2 -n '__fish_seen_subcommand_from rollout' -l temperature -d 'S
 complete -c rstar2 -n '__fish_seen_subcommand_from rollout' -l seed -d 'Sampling seed (per sample and turn)' -r -F
 complete -c rstar2 -n '__fish_seen_subcommand_from rollout' -l ray-address -d 'Run engines as Ray actors local or a cluster address' -r -F
 complete -c rstar2 -n '__fish_seen_subcommand_from rollout' -l template -d 'Prompt template paper | release' -r -F
-complete -c rstar2 -n '__fish_seen_subcommand_from rollout' -l kv-cache-tokens -d 'KV cache per engine in tokens (default the engines)' -r -F
+complete -c rstar2 -n '__fish_seen_subcommand_from rollout' -l kv-cache-tokens -d 'KV cache per engine in tokens (0 or unset the engines default)' -r -F
 complete -c rstar2 -n '__fish_seen_subcommand_from rollout' -l max-tool-output-chars -d 'Tool output kept per call (middle cut); 0 keeps all' -r -F
-complete -c rstar2 -n '__fish_seen_subcommand_from rollout' -l tool-timeout -d 'Seconds per tool call' -r -F
+complete -c rstar2 -n '__fish_seen_subcommand_from rollout' -l tool-timeout -d 'Seconds per tool call (> 0)' -r -F
 complete -c rstar2 -n '__fish_seen_subcommand_from rollout' -l help -d 'Show help and exit'
 complete -c rstar2 -n '__fish_seen_subcommand_from rl-stage' -l recipe -d 'RL recipe YAML (e.g' -r -F
 complete -c rstar2 -n '__fish_seen_subcommand_from rl-stage' -l set -d 'Override a recipe value, e.g' -r -F
@@ -78,6 +78,7 @@ complete -c rstar2 -n '__fish_seen_subcommand_from filter-hard' -l temperature -
 complete -c rstar2 -n '__fish_seen_subcommand_from filter-hard' -l seed -d 'Sampling seed' -r -F
 complete -c rstar2 -n '__fish_seen_subcommand_from filter-hard' -l template -d 'Prompt template paper | release' -r -F
 complete -c rstar2 -n '__fish_seen_subcommand_from filter-hard' -l kv-cache-tokens -d 'KV cache per engine in tokens' -r -F
+complete -c rstar2 -n '__fish_seen_subcommand_from filter-hard' -l force -d 'Overwrite existing outputs'
 complete -c rstar2 -n '__fish_seen_subcommand_from filter-hard' -l help -d 'Show help and exit'
 complete -c rstar2 -n '__fish_seen_subcommand_from eval' -l benchmark -d 'Known set (repeatable) aime24, aime25, hmmt25, math500, gsm8k, amc23,' -r -F
 complete -c rstar2 -n '__fish_seen_subcommand_from eval' -l data -d 'Local .jsonl/.json/.parquet in any schema prepare-data reads (repeatab' -r -F
@@ -92,7 +93,7 @@ complete -c rstar2 -n '__fish_seen_subcommand_from eval' -l max-response-tokens 
 complete -c rstar2 -n '__fish_seen_subcommand_from eval' -l k -d 'k for pass@k and maj@k (repeatable; default n)' -r -F
 complete -c rstar2 -n '__fish_seen_subcommand_from eval' -l engines -d 'Number of local inference engines' -r -F
 complete -c rstar2 -n '__fish_seen_subcommand_from eval' -l engine -d 'Local engine kind vllm | hf' -r -F
-complete -c rstar2 -n '__fish_seen_subcommand_from eval' -l kv-cache-tokens -d 'KV cache per local engine in tokens (default the engines)' -r -F
+complete -c rstar2 -n '__fish_seen_subcommand_from eval' -l kv-cache-tokens -d 'KV cache per local engine in tokens (0 or unset the engines default)' -r -F
 complete -c rstar2 -n '__fish_seen_subcommand_from eval' -l max-in-flight -d 'With --endpoint most concurrent requests per server' -r -F
 complete -c rstar2 -n '__fish_seen_subcommand_from eval' -l seed -d 'Sampling seed (per sample and turn)' -r -F
 complete -c rstar2 -n '__fish_seen_subcommand_from eval' -l out -d 'Output folder (results.jsonl, summary.json, eval.png); OUT.jsonl with ' -r -F

@@ -146,6 +146,8 @@ def read_jsonl_if_exists(path: str | Path) -> list[dict[str, Any]]:
 
 
 def _truncate_partial_tail(path: Path) -> None:
+    """Cut a torn last line; a last line that is a whole JSON object only lacks its newline (it
+    counts as done for `read_jsonl_if_exists`), so it keeps its row and gets the newline."""
     if not path.exists() or path.stat().st_size == 0:
         return
     with path.open("rb+") as f:
@@ -153,4 +155,34 @@ def _truncate_partial_tail(path: Path) -> None:
         if data.endswith(b"\n"):
             return
         cut = data.rfind(b"\n") + 1  # 0 when the only line is torn
-        f.truncate(cut)
+        try:
+            whole = isinstance(json.loads(data[cut:]), dict)
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            whole = False
+        if whole:
+            f.write(b"\n")
+        else:
+            f.truncate(cut)
+
+
+def check_output_path(
+    out: str | Path, inputs: tuple[str | Path | None, ...] = (), suffix: str | None = None
+) -> Path:
+    """Before any work: `out` is not one of the `inputs`, has `suffix` (if given), and its folder
+    can be created and written to. Raises a one-line `UserError`; returns `out` as a Path."""
+    out = Path(out)
+    if suffix is not None and out.suffix.lower() != suffix:
+        raise UserError(f"--out must be a {suffix} file, got {out}")
+    for src in inputs:
+        if src is not None and Path(src).exists() and out.exists() and out.samefile(src):
+            raise UserError(f"--out {out} is also an input; write the output elsewhere")
+    if out.is_dir() and suffix is not None:
+        raise UserError(f"--out is a directory, expected a {suffix} file: {out}")
+    folder = out if suffix is None else out.parent
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".rstar2-probe-"):
+            pass
+    except OSError as exc:
+        raise UserError(f"cannot write to {folder}: {exc.strerror or exc}") from None
+    return out

@@ -43,6 +43,15 @@ def load_problems(
     return problems
 
 
+def check_model_folder(model: str | Path) -> None:
+    """A local Hugging Face model folder: it exists and has a config.json (one-line error)."""
+    model = Path(model)
+    if not model.is_dir():
+        raise UserError(f"model path not found: {model}")
+    if not (model / "config.json").is_file():
+        raise UserError(f"no config.json in {model}: not a Hugging Face model folder")
+
+
 def check_sandboxes(urls: list[str]) -> None:
     """Fail with one line before any engine starts when no sandbox URL answers /healthz."""
     import asyncio

@@ -88,7 +88,8 @@ def eval_cmd(
     kv_cache_tokens: int | None = typer.Option(
         None,
         "--kv-cache-tokens",
-        help="KV cache per local engine in tokens (default: the engine's).",
+        min=0,
+        help="KV cache per local engine in tokens (0 or unset: the engine's default).",
     ),
     max_in_flight: int = typer.Option(
         64, "--max-in-flight", min=1, help="With --endpoint: most concurrent requests per server."
@@ -179,7 +180,8 @@ def eval_cmd(
 
         from rstar2cli.scheduler.engines import EngineSpec
 
-        spec = EngineSpec(str(plan.model), engines, engine, None, kv_cache_tokens, seed)
+        # NOTE: --kv-cache-tokens 0 means the engine's default size, as leaving it out does
+        spec = EngineSpec(str(plan.model), engines, engine, None, kv_cache_tokens or None, seed)
         asyncio.run(_run(console, plan, items, owner, label, agent_config, sched_config, spec))
     _report(console, out, label, settings, ks)
 
@@ -317,6 +319,7 @@ def _report(console: Any, out: Path, label: str, settings: dict, ks: list[int]) 
 
 
 def _grade_only(console: Any, in_path: Path, out: Path | None) -> None:
+    from rstar2cli.fileio import check_output_path
     from rstar2cli.reward.grade_file import grade_file
 
     if out is None or out.suffix.lower() != ".jsonl":
@@ -325,9 +328,11 @@ def _grade_only(console: Any, in_path: Path, out: Path | None) -> None:
         raise UserError("--out must differ from the --grade-only input")
     if not in_path.is_file():
         raise UserError(f"file not found: {in_path}")
+    check_output_path(out, inputs=(in_path,), suffix=".jsonl")
     report = grade_file(in_path, out)
     statuses = ", ".join(f"{s} {c}" for s, c in sorted(report.status_counts.items()))
     console.print(
         f"graded {report.num_graded}: accuracy {100 * report.accuracy:.1f}% "
-        f"({report.num_correct}/{report.num_graded}) -> {out}  [{statuses}]"
+        f"({report.num_correct}/{report.num_graded}) -> {out}  [{statuses}]",
+        markup=False,
     )

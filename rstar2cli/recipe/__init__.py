@@ -1,7 +1,8 @@
 """Recipe loading: a whole YAML file, `--set key=value` overrides, validation with every problem listed.
 
 Schemas live next to the code that uses them (sft, rl, eval) as pydantic models with
-`extra="forbid"`; this module only reads, overrides, validates and writes the resolved copy.
+`extra="forbid"`; this module only reads, overrides, validates and writes the resolved copy, and
+compares it with the copy an earlier run left in its folder (to refuse resuming with another recipe).
 It deliberately has no inheritance or interpolation: a recipe is the whole truth.
 Tested in tests/unit/test_recipe.py.
 """
@@ -88,3 +89,43 @@ def dump_recipe(recipe: BaseModel, path: str | Path) -> None:
         tmp.write_text(
             yaml.safe_dump(recipe.model_dump(mode="json"), sort_keys=False), encoding="utf-8"
         )
+
+
+RUN_FILES = ("checkpoints", "metrics.jsonl", "final")
+
+
+def check_resume(
+    out: str | Path, recipe: BaseModel, run_files: tuple[str, ...] = RUN_FILES
+) -> None:
+    """Refuse to resume `out` with a recipe other than the one its run started with.
+
+    NOTE: a recipe.yaml alone (a run that failed before its first metrics row or checkpoint) holds
+    nothing a different recipe could corrupt, so it does not block a corrected rerun; the caller
+    rewrites it. Only once one of `run_files` exists is the recipe fixed for that folder."""
+    out = Path(out)
+    path = out / "recipe.yaml"
+    if not path.exists():
+        return
+    changed = recipe_changes(path, recipe)
+    if changed and any((out / name).exists() for name in run_files):
+        raise UserError(
+            f"{out} holds a run with a different recipe (sections differing: {', '.join(changed)}); "
+            "rerun with the same recipe and options to resume, or pick a new --out"
+        )
+
+
+def recipe_changes(path: str | Path, recipe: BaseModel) -> list[str]:
+    """Top-level sections where `recipe` differs from the resolved copy at `path` ([] if none).
+
+    A file that is not a YAML mapping (empty, a list, a torn write) is a one-line `UserError`."""
+    p = Path(path)
+    try:
+        before = yaml.safe_load(p.read_text(encoding="utf-8"))
+    except (yaml.YAMLError, UnicodeDecodeError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise UserError(f"{p} is not a recipe mapping: {first}") from exc
+    if not isinstance(before, dict):
+        got = "an empty file" if before is None else f"a YAML {type(before).__name__}"
+        raise UserError(f"{p} is not a recipe mapping: got {got}; remove it or pick a new --out")
+    now = recipe.model_dump(mode="json")
+    return sorted(k for k in set(before) | set(now) if before.get(k) != now.get(k))

@@ -408,8 +408,19 @@ class StageRun:
             plot_metrics(rows, self.opts.out / "curves.png", f"rl-stage {self.opts.out.name}")
 
 
-def run_stage(recipe: RlRecipe, opts: StageOptions) -> Path:
-    """Train (or resume) one stage into opts.out; returns the final HF folder."""
+@dataclass
+class StageInputs:
+    """What the pre-flight checks read: the tokenizer and the problems (prompts that fit)."""
+
+    tokenizer: Any
+    problems: list[dict[str, Any]]
+    eval_problems: list[dict[str, Any]]
+    num_long: int
+
+
+def prepare_stage(recipe: RlRecipe) -> StageInputs:
+    """Pre-flight, before anything is written to OUT: a sandbox answers, the model's tokenizer
+    loads, the data files read and hold problems whose prompts fit. Fails with one line."""
     from transformers import AutoTokenizer
 
     from rstar2cli.agent.inputs import check_sandboxes, load_problems
@@ -417,18 +428,24 @@ def run_stage(recipe: RlRecipe, opts: StageOptions) -> Path:
 
     if recipe.sandbox.urls:
         check_sandboxes(recipe.sandbox.urls)
-    tokenizer = AutoTokenizer.from_pretrained(recipe.model)
     d, max_prompt = recipe.data, recipe.rollout.max_prompt_tokens
-    problems, num_long = drop_long_prompts(
-        load_problems(d.train, max_problems=d.max_problems), tokenizer, d.template, max_prompt
-    )
-    if not problems:
-        raise UserError(f"every problem of {d.train} has a prompt over {max_prompt} tokens")
+    train = load_problems(d.train, max_problems=d.max_problems)
     eval_problems: list[dict[str, Any]] = []
     if d.eval is not None and recipe.eval.every_steps > 0:
         eval_problems = load_problems(d.eval, max_problems=recipe.eval.num_problems)
-        eval_problems, _ = drop_long_prompts(eval_problems, tokenizer, d.template, max_prompt)
-    if num_long:
-        print(f"rl-stage: skipped {num_long} problems with prompts over {max_prompt} tokens")
-    run = StageRun(recipe, opts, problems, eval_problems, tokenizer)
+    tokenizer = AutoTokenizer.from_pretrained(recipe.model)
+    problems, num_long = drop_long_prompts(train, tokenizer, d.template, max_prompt)
+    if not problems:
+        raise UserError(f"every problem of {d.train} has a prompt over {max_prompt} tokens")
+    eval_problems, _ = drop_long_prompts(eval_problems, tokenizer, d.template, max_prompt)
+    return StageInputs(tokenizer, problems, eval_problems, num_long)
+
+
+def run_stage(recipe: RlRecipe, opts: StageOptions, inputs: StageInputs) -> Path:
+    """Train (or resume) one stage into opts.out from `prepare_stage`'s inputs; returns the final
+    HF folder."""
+    max_prompt = recipe.rollout.max_prompt_tokens
+    if inputs.num_long:
+        print(f"rl-stage: skipped {inputs.num_long} problems with prompts over {max_prompt} tokens")
+    run = StageRun(recipe, opts, inputs.problems, inputs.eval_problems, inputs.tokenizer)
     return asyncio.run(run.run())

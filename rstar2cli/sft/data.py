@@ -213,5 +213,24 @@ def build_examples(cfg: DataConfig, tokenizer: Any, seed: int) -> tuple[list[Exa
     return examples, rejects
 
 
+def check_sources(cfg: DataConfig, seed: int) -> None:
+    """Pre-flight, before a run writes anything: at least one record of the sources converts to a
+    chat. Empty, garbage or field-less data fails here with one line (`build_examples` later also
+    rejects over-long examples, which needs the tokenizer)."""
+    num_read, first_reason = 0, ""
+    for source in cfg.sources:
+        records, bad = load_records(source)
+        num_read += len(records) + len(bad)
+        if bad and not first_reason:
+            first_reason = f"{source.path} line {bad[0][0]}: {bad[0][1]}"
+        for i, item in _source_chats(source, records, cfg, seed):
+            if not isinstance(item, ConvertError):
+                return
+            first_reason = first_reason or f"{source.path}#{i}: {item}"
+    paths = ", ".join(s.path for s in cfg.sources)
+    why = f"; first reject: {' '.join(first_reason.split())}" if first_reason else ""
+    raise UserError(f"no usable SFT examples in {paths} ({num_read} records read{why})")
+
+
 def _jsonable(record: Any) -> Any:
     return json.loads(json.dumps(record, ensure_ascii=False, default=str))

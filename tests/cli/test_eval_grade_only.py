@@ -81,6 +81,7 @@ def test_bad_inputs_fail_with_one_line_before_any_work(tmp_path):
     _write_jsonl(data, [{"question": "What is 1+1?", "answer": "2"}])
     fake_model = tmp_path / "model"
     fake_model.mkdir()
+    (fake_model / "config.json").write_text("{}")
     out = tmp_path / "out"
     base = ["--model", fake_model, "--out", out]
     cases = [
@@ -122,6 +123,20 @@ def test_bad_inputs_fail_with_one_line_before_any_work(tmp_path):
     assert not out.exists()
 
 
+def test_grade_only_prints_the_status_counts_verbatim(tmp_path):
+    src = tmp_path / "in.jsonl"
+    _write_jsonl(
+        src,
+        [
+            {"response": "<answer>\\boxed{2}</answer>", "answer": "2"},
+            {"response": "x", "answer": "3"},
+        ],
+    )
+    res = _cli("eval", "--grade-only", src, "--out", tmp_path / "g.jsonl")
+    assert res.returncode == 0, res.stderr
+    assert "[no_answer 1, ok 1]" in _flat(res.stdout)  # not eaten as rich markup
+
+
 def _row(label, bench, pid, sample, correct, extracted, tokens, statuses, finish="answer"):
     return {
         "label": label,
@@ -150,6 +165,7 @@ def test_finished_results_are_skipped_and_summarised_for_every_label(tmp_path):
     )
     fake_model = tmp_path / "stage2"
     fake_model.mkdir()
+    (fake_model / "config.json").write_text("{}")
     out = tmp_path / "out"
     out.mkdir()
     rows = [

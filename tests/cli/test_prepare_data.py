@@ -132,9 +132,8 @@ def test_decontaminating_against_itself_leaves_nothing(tmp_path):
     proc = _cli("--source", src, "--out", tmp_path / "a.parquet", "--decontaminate", src)
     assert proc.returncode != 0
     assert proc.stderr.strip().count("\n") == 0 and "no usable rows" in proc.stderr
-    assert not (tmp_path / "a.parquet").exists()
-    rejects = _read_jsonl(tmp_path / "a.rejects.jsonl")
-    assert len(rejects) == 30 and {r["reason"] for r in rejects} == {"contaminated"}
+    assert "30 contaminated" in proc.stderr
+    assert not (tmp_path / "a.parquet").exists() and not (tmp_path / "a.rejects.jsonl").exists()
 
 
 @needs_eval
@@ -217,8 +216,53 @@ def test_nothing_usable_exits_nonzero(tmp_path):
     proc = _cli("--source", src, "--out", tmp_path / "j.parquet")
     assert proc.returncode == 2
     assert len(proc.stderr.strip().splitlines()) == 1 and "no usable rows" in proc.stderr
-    rejects = _read_jsonl(tmp_path / "j.rejects.jsonl")
-    assert [r["reason"] for r in rejects] == ["invalid_json", "no_question", "no_question"]
+    assert "(3 read: 2 no_question, 1 invalid_json)" in proc.stderr
+    # a failed run writes nothing, so the corrected run needs no --force
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["junk.jsonl"]
+    src.write_text(json.dumps({"question": "1+1?", "answer": "2"}) + "\n", encoding="utf-8")
+    assert _invoke("--source", src, "--out", tmp_path / "j.parquet").exit_code == 0
+    assert _read_jsonl(tmp_path / "j.rejects.jsonl") == []
+
+
+@pytest.mark.parametrize("content", ["", "not json\n", '{"foo": 1}\n'])
+def test_failed_forced_run_leaves_earlier_outputs_unchanged(tmp_path, content):
+    src = tmp_path / "p.jsonl"
+    src.write_text(
+        json.dumps({"problem": "1+1?", "answer": "2"}) + "\nnot json\n", encoding="utf-8"
+    )
+    out, rejects = tmp_path / "p.parquet", tmp_path / "p.rejects.jsonl"
+    assert _invoke("--source", src, "--out", out).exit_code == 0
+    before = (out.read_bytes(), rejects.read_bytes())
+    src.write_text(content, encoding="utf-8")
+    proc = _cli("--source", src, "--out", out, "--force")
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert "no usable rows" in proc.stderr
+    assert (out.read_bytes(), rejects.read_bytes()) == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["p.jsonl", "p.parquet", "p.rejects.jsonl"]
+
+
+def test_unwritable_or_clashing_outputs_fail_before_reading(tmp_path):
+    src = tmp_path / "p.jsonl"
+    src.write_text(json.dumps({"problem": "1+1?", "answer": "2"}) + "\n", encoding="utf-8")
+    blocker = tmp_path / "a_file"
+    blocker.write_text("", encoding="utf-8")
+    cases = [
+        (["--out", blocker / "p.parquet"], "cannot write to"),
+        (["--out", tmp_path / "p.csv"], "--out must be a .parquet file"),
+        (["--out", tmp_path / "q.parquet", "--rejects", blocker / "r.jsonl"], "cannot write to"),
+        (["--out", tmp_path / "q.parquet", "--rejects", src], "--rejects"),
+        (["--out", tmp_path / "q.parquet", "--rejects", tmp_path], "--rejects is a directory"),
+        (["--out", tmp_path / "q.parquet", "--rejects", tmp_path / "q.parquet"], "same file"),
+    ]
+    for args, expected in cases:
+        proc = _cli("--source", src, *args)
+        lines = proc.stderr.strip().splitlines()
+        assert proc.returncode == 2 and len(lines) == 1 and expected in lines[0], (
+            args,
+            proc.stderr,
+        )
+    assert src.read_text(encoding="utf-8").startswith('{"problem"')
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a_file", "p.jsonl"]
 
 
 def test_bad_hf_id_is_one_line_error(tmp_path):

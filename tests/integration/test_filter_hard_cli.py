@@ -20,7 +20,7 @@ def test_bad_inputs_fail_with_one_line_before_any_work(tmp_path, tiny_model_dir)
     cases = [
         (
             ["--model", tmp_path / "missing", "--out", tmp_path / "k.jsonl"],
-            "model folder not found",
+            "model path not found",
         ),
         (["--model", tiny_model_dir, "--out", tmp_path / "k.csv"], "--out must end in"),
         (

@@ -8,6 +8,7 @@ from rstar2cli.errors import UserError
 from rstar2cli.fileio import (
     JsonlAppender,
     atomic_path,
+    check_output_path,
     read_jsonl_if_exists,
     read_records,
     write_json_atomic,
@@ -66,3 +67,27 @@ def test_appender_cuts_a_torn_tail_and_appends(tmp_path):
         app.write_batch([{"i": 2}])
     assert read_jsonl_if_exists(p) == [{"i": 0}, {"i": 2}]
     assert read_jsonl_if_exists(tmp_path / "none.jsonl") == []
+
+
+def test_appender_keeps_a_whole_last_row_that_lacks_its_newline(tmp_path):
+    # resuming counts that row as done, so cutting it would lose it for good
+    p = tmp_path / "r.jsonl"
+    p.write_text('{"i": 0}\n{"i": 1}')
+    assert read_jsonl_if_exists(p) == [{"i": 0}, {"i": 1}]
+    with JsonlAppender(p) as app:
+        app.write_batch([{"i": 2}])
+    assert read_jsonl_if_exists(p) == [{"i": 0}, {"i": 1}, {"i": 2}]
+    assert p.read_text().endswith('{"i": 2}\n')
+
+
+def test_check_output_path(tmp_path):
+    data = tmp_path / "data.jsonl"
+    data.write_text("{}\n")
+    assert check_output_path(tmp_path / "new" / "o.jsonl", (data,), ".jsonl").parent.is_dir()
+    with pytest.raises(UserError, match="also an input"):
+        check_output_path(tmp_path / "." / "data.jsonl", (data,), ".jsonl")
+    with pytest.raises(UserError, match="must be a .jsonl file"):
+        check_output_path(tmp_path / "o.parquet", (data,), ".jsonl")
+    with pytest.raises(UserError, match="cannot write to"):
+        check_output_path(data / "sub" / "o.jsonl", (), ".jsonl")  # under a file
+    assert check_output_path(tmp_path / "run", ()).is_dir()  # no suffix: an output folder
