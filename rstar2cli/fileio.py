@@ -166,18 +166,22 @@ def _truncate_partial_tail(path: Path) -> None:
 
 
 def check_output_path(
-    out: str | Path, inputs: tuple[str | Path | None, ...] = (), suffix: str | None = None
+    out: str | Path,
+    inputs: tuple[str | Path | None, ...] = (),
+    suffix: str | None = None,
+    option: str = "--out",
 ) -> Path:
-    """Before any work: `out` is not one of the `inputs`, has `suffix` (if given), and its folder
-    can be created and written to. Raises a one-line `UserError`; returns `out` as a Path."""
+    """Before any work: `out` (given as `option`) is not one of the `inputs`, has `suffix` (if
+    given), and its folder can be created and written to. Raises a one-line `UserError`; returns
+    `out` as a Path."""
     out = Path(out)
     if suffix is not None and out.suffix.lower() != suffix:
-        raise UserError(f"--out must be a {suffix} file, got {out}")
+        raise UserError(f"{option} must be a {suffix} file, got {out}")
     for src in inputs:
         if src is not None and Path(src).exists() and out.exists() and out.samefile(src):
-            raise UserError(f"--out {out} is also an input; write the output elsewhere")
+            raise UserError(f"{option} {out} is also an input; write the output elsewhere")
     if out.is_dir() and suffix is not None:
-        raise UserError(f"--out is a directory, expected a {suffix} file: {out}")
+        raise UserError(f"{option} is a directory, expected a {suffix} file: {out}")
     folder = out if suffix is None else out.parent
     try:
         folder.mkdir(parents=True, exist_ok=True)
@@ -186,3 +190,10 @@ def check_output_path(
     except OSError as exc:
         raise UserError(f"cannot write to {folder}: {exc.strerror or exc}") from None
     return out
+
+
+def refuse_overwrite(paths: list[Path], force: bool) -> None:
+    """One line naming the outputs that already exist, unless `force`."""
+    existing = [str(p) for p in paths if p.exists()]
+    if existing and not force:
+        raise UserError(f"output exists: {', '.join(existing)} (use --force to overwrite)")

@@ -66,14 +66,12 @@ def filter_hard(
         raise UserError(f"--engine must be vllm or hf, got {engine!r}")
     if out.suffix.lower() not in (".parquet", ".jsonl"):
         raise UserError(f"--out must end in .parquet or .jsonl, got {out.name}")
-    from rstar2cli.fileio import check_output_path, read_records
+    from rstar2cli.fileio import check_output_path, read_records, refuse_overwrite
 
     counts_path = _counts_path(out)
     check_output_path(out, inputs=(data,), suffix=out.suffix.lower())
     check_output_path(counts_path, inputs=(data,), suffix=".jsonl")
-    existing = [str(p) for p in (out, counts_path) if p.exists()]
-    if existing and not force:
-        raise UserError(f"output exists: {', '.join(existing)} (use --force to overwrite)")
+    refuse_overwrite([out, counts_path], force)
     from rstar2cli.agent.inputs import check_model_folder
 
     check_model_folder(model)

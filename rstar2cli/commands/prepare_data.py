@@ -18,6 +18,7 @@ from typing import Any
 import typer
 
 from rstar2cli.errors import UserError
+from rstar2cli.fileio import check_output_path, refuse_overwrite
 
 _LOCAL_SUFFIXES = (".jsonl", ".json", ".parquet")
 
@@ -77,7 +78,6 @@ def prepare_data(
     from rich.console import Console
 
     from rstar2cli.data.normalize import NormalizeOptions
-    from rstar2cli.fileio import check_output_path
 
     console = Console(highlight=False)
     if (source is None) == (synthetic is None):
@@ -92,7 +92,7 @@ def prepare_data(
         raise UserError(f"file not found: {source}")
     rejects_path = rejects or out.with_name(out.stem + ".rejects.jsonl")
     _check_rejects_path(rejects_path, out, inputs)
-    _refuse_overwrite([out, rejects_path], force)
+    refuse_overwrite([out, rejects_path], force)
     options = NormalizeOptions(
         question_field=question_field,
         answer_field=answer_field,
@@ -219,7 +219,7 @@ def _write_synthetic(console: Any, name: str, num: int, seed: int, out: Path, fo
     from rstar2cli.data.synthetic import make_synthetic
 
     test_out = out.with_name(out.stem + ".test.parquet")
-    _refuse_overwrite([out, test_out], force)
+    refuse_overwrite([out, test_out], force)
     train, test = make_synthetic(name, num, seed)
     for split_rows, path in ((train, out), (test, test_out)):
         _write_parquet(path, [{**r, "meta": json.dumps(r)} for r in split_rows])
@@ -235,21 +235,10 @@ def _write_synthetic(console: Any, name: str, num: int, seed: int, out: Path, fo
 
 def _check_rejects_path(rejects_path: Path, out: Path, inputs: tuple) -> None:
     """The rejects file can be written, and is neither --out nor an input (one line if not)."""
-    from rstar2cli.fileio import check_output_path
-
     if rejects_path.resolve() == out.resolve():
         raise UserError(f"--rejects and --out are the same file: {out}")
-    try:
-        # NOTE: its own suffix, so any name is accepted; only the location and inputs are checked
-        check_output_path(rejects_path, inputs, suffix=rejects_path.suffix.lower())
-    except UserError as exc:
-        raise UserError(str(exc).replace("--out", "--rejects", 1)) from None
-
-
-def _refuse_overwrite(paths: list[Path], force: bool) -> None:
-    existing = [str(p) for p in paths if p.exists()]
-    if existing and not force:
-        raise UserError(f"output exists: {', '.join(existing)} (use --force to overwrite)")
+    # NOTE: its own suffix, so any name is accepted; only the location and inputs are checked
+    check_output_path(rejects_path, inputs, suffix=rejects_path.suffix.lower(), option="--rejects")
 
 
 def _write_parquet(path: Path, rows: list[dict[str, str]]) -> None:
