@@ -86,6 +86,7 @@ def _check_sources(recipe: SftRecipe) -> None:
     ]
     if missing:
         raise UserError(f"data file(s) not found: {', '.join(missing)}")
-    local = recipe.model.startswith(("/", "./", "../", "~"))
-    if local and not Path(recipe.model).expanduser().exists():
-        raise UserError(f"model folder not found: {recipe.model}")
+    if recipe.model != "tiny":
+        from rstar2cli.agent.inputs import check_model_source
+
+        check_model_source(recipe.model)

@@ -158,3 +158,28 @@ def test_sft_unwritable_out_is_one_line(tmp_path):
         "sft-coldstart", "--recipe", REPO / "recipes/tiny/sft.yaml", "--out", blocker / "run"
     )
     assert "cannot write to" in _one_line_error(proc)
+
+
+@pytest.mark.parametrize(
+    ("model", "env", "expected"),
+    [
+        ("runs/sft/final", {}, "model path not found: runs/sft/final"),
+        ("no-such-org/no-such-model", {"HF_HUB_OFFLINE": "1"}, "HF_HUB_OFFLINE is set"),
+        # a hub that does not answer (loopback discard port): one request, no retries
+        ("no-such-org/no-such-model", {"HF_ENDPOINT": DEAD_SANDBOX}, "hub could not be asked"),
+    ],
+    ids=["missing-path", "offline", "hub-unreachable"],
+)
+def test_sft_model_that_cannot_be_found_is_one_line(tmp_path, monkeypatch, model, env, expected):
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))  # an empty cache
+    data = tmp_path / "sft.jsonl"
+    data.write_text(json.dumps({"question": "1+1?", "answer": "2"}) + "\n", encoding="utf-8")
+    out = tmp_path / "run"
+    proc = _cli(
+        "sft-coldstart", "--recipe", _sft_recipe(tmp_path, data, fmt="arith"), "--out", out,
+        "--model", model,
+    )  # fmt: skip
+    assert expected in _one_line_error(proc)
+    assert not out.exists() or list(out.iterdir()) == []
