@@ -1,9 +1,11 @@
 """Async client for one or more sandboxd daemons: batching, least-in-flight balancing, retries.
 
-What it does: `run_batch(jobs)` splits jobs into chunks, sends each chunk to the endpoint with the
-fewest jobs in flight (skipping endpoints that failed recently), and retries on another endpoint
-only infrastructure failures: connection errors, HTTP 503, per-call timeouts, and results with
-status `sandbox_error`. Whatever still fails after `max_attempts` becomes a
+What it does: `run_batch(jobs)` splits jobs into chunks and sends each chunk to the endpoint with
+the fewest jobs in flight (skipping endpoints that failed recently): POST /v1/batch, or, with
+`on_result`, POST /v1/stream, where each result comes back (and `on_result` hears of it) as its
+job finishes. It retries on another endpoint only infrastructure failures: connection errors,
+HTTP 503, per-call timeouts, and results with status `sandbox_error`; a stream cut part way
+keeps what came back and sends only the rest again. Whatever still fails after `max_attempts` becomes a
 `JobResult(status="sandbox_error")`; results come back in the order the jobs were given.
 
 What it does not: retry a snippet's own failures (error, timeout, memory, output_limit are
@@ -15,9 +17,12 @@ Tested in tests/sandboxd/test_failover.py (two daemons, one killed mid-burst; un
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import aiohttp
 
@@ -95,9 +100,17 @@ class SandboxClient:
     async def run(self, job: Job) -> JobResult:
         return (await self.run_batch([job]))[0]
 
-    async def run_batch(self, jobs: list[Job]) -> list[JobResult]:
-        chunks = [jobs[i : i + self.batch_size] for i in range(0, len(jobs), self.batch_size)]
-        parts = await asyncio.gather(*(self._run_chunk(chunk) for chunk in chunks))
+    async def run_batch(
+        self, jobs: list[Job], on_result: Callable[[int, JobResult], None] | None = None
+    ) -> list[JobResult]:
+        """Results in the order of `jobs`. `on_result(i, result)`, when given, is called once per
+        job with its final result as soon as that job is answered (the daemon streams each result
+        back as it finishes), so a short job need not wait for the slowest of its batch. Without
+        it the whole batch is answered at once, which costs the daemon less per job."""
+        chunks = range(0, len(jobs), self.batch_size)
+        parts = await asyncio.gather(
+            *(self._run_chunk(jobs[i : i + self.batch_size], i, on_result) for i in chunks)
+        )
         return [r for part in parts for r in part]
 
     def _pick(self, avoid: _Endpoint | None) -> _Endpoint:
@@ -107,7 +120,12 @@ class SandboxClient:
         fewest = min(e.num_in_flight for e in pool)
         return random.choice([e for e in pool if e.num_in_flight == fewest])
 
-    async def _run_chunk(self, jobs: list[Job]) -> list[JobResult]:
+    async def _run_chunk(
+        self,
+        jobs: list[Job],
+        offset: int,
+        on_result: Callable[[int, JobResult], None] | None,
+    ) -> list[JobResult]:
         results: list[JobResult | None] = [None] * len(jobs)
         pending = list(range(len(jobs)))
         last: _Endpoint | None = None
@@ -117,53 +135,82 @@ class SandboxClient:
                 await asyncio.sleep(min(2.0, 0.05 * 2**attempt) * (0.5 + random.random()))
             endpoint = self._pick(last)
             last = endpoint
+            sent = list(pending)
+
+            def take(pos: int, result: JobResult, sent: list[int] = sent) -> None:
+                i = sent[pos]
+                results[i] = result
+                if result.status != "sandbox_error" and on_result is not None:
+                    on_result(offset + i, result)
+
             try:
-                got = await self._post(endpoint, [jobs[i] for i in pending])
+                await self._post(endpoint, [jobs[i] for i in sent], take, on_result is not None)
             except _Retryable as exc:
                 reason = str(exc)
                 endpoint.failed_until = time.monotonic() + _COOLDOWN_S
-                continue
-            still = []
-            for i, result in zip(pending, got, strict=True):
-                if result.status == "sandbox_error":
-                    still.append(i)
-                    reason = result.stderr
-                results[i] = result
-            pending = still
+            # what came back before a failure is kept; infrastructure errors are sent again
+            pending = []
+            for i in sent:
+                got = results[i]
+                if got is None or got.status == "sandbox_error":
+                    pending.append(i)
+                    reason = got.stderr if got is not None else reason
             if not pending:
                 break
-        for i in pending:
-            previous = results[i]
-            if previous is None or previous.status != "sandbox_error":
-                results[i] = sandbox_error(
-                    f"sandbox unavailable after {self.max_attempts} attempts: {reason}"
-                )
+        for i in pending:  # never answered, or answered sandbox_error every time (kept)
+            final = results[i] or sandbox_error(
+                f"sandbox unavailable after {self.max_attempts} attempts: {reason}"
+            )
+            results[i] = final
+            if on_result is not None:
+                on_result(offset + i, final)
         return [r for r in results if r is not None]
 
-    async def _post(self, endpoint: _Endpoint, jobs: list[Job]) -> list[JobResult]:
+    async def _post(
+        self,
+        endpoint: _Endpoint,
+        jobs: list[Job],
+        take: Callable[[int, JobResult], None],
+        stream: bool,
+    ) -> None:
+        """Send `jobs` and hand each result to `take(position, result)`: with `stream`, through
+        /v1/stream as each line arrives; else through /v1/batch (one answer, cheaper per job).
+        Raises _Retryable when the endpoint fails, including part way through a stream."""
         body = {
             "jobs": [{"code": j.code, "stdin": j.stdin, "timeout_s": j.timeout_s} for j in jobs]
         }
+        seen: set[int] = set()
+
+        def accept(pos: Any, wire: Any) -> None:
+            if not isinstance(pos, int) or not 0 <= pos < len(jobs) or pos in seen:
+                raise _Retryable(f"{endpoint.url} answered a bad index {pos!r}")
+            seen.add(pos)
+            take(pos, result_from_wire(wire))
+
         endpoint.num_in_flight += len(jobs)
         try:
             async with self._limit:
                 timeout = aiohttp.ClientTimeout(total=self.timeout_s)
+                path = "/v1/stream" if stream else "/v1/batch"
                 async with self._http().post(
-                    endpoint.url + "/v1/batch", json=body, timeout=timeout
+                    endpoint.url + path, json=body, timeout=timeout
                 ) as resp:
-                    if resp.status == 503 or resp.status >= 500:
+                    if resp.status >= 500:
                         raise _Retryable(f"{endpoint.url} answered {resp.status}")
                     if resp.status != 200:
                         raise ProtocolError(
                             f"{endpoint.url} rejected the request: {await resp.text()}"
                         )
-                    payload = await resp.json()
-            results = [result_from_wire(r) for r in payload["results"]]
-            if len(results) != len(jobs):
-                raise _Retryable(
-                    f"{endpoint.url} answered {len(results)} results for {len(jobs)} jobs"
-                )
-            return results
+                    if stream:
+                        async for line in resp.content:
+                            if line.strip():
+                                item = json.loads(line)
+                                accept(item["index"], item["result"])
+                    else:
+                        for pos, wire in enumerate((await resp.json())["results"]):
+                            accept(pos, wire)
+            if len(seen) != len(jobs):
+                raise _Retryable(f"{endpoint.url} answered {len(seen)} of {len(jobs)} jobs")
         except (aiohttp.ClientError, asyncio.TimeoutError, OSError, KeyError, ValueError) as exc:
             if isinstance(exc, ProtocolError):
                 raise

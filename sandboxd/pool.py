@@ -22,6 +22,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -300,10 +301,6 @@ class LocalSandbox:
     fresh interpreter, so it is safe to use from a process that has threads or torch loaded.
     """
 
-    # a batch here saves no round trip and would make each job wait for the slowest of its batch
-    # (rstar2cli's ToolBatcher reads this)
-    coalesce_calls = False
-
     def __init__(
         self,
         num_workers: int = 2,
@@ -336,11 +333,24 @@ class LocalSandbox:
     async def run(self, job: Job) -> JobResult:
         return (await self.run_batch([job]))[0]
 
-    async def run_batch(self, jobs: list[Job]) -> list[JobResult]:
+    async def run_batch(
+        self, jobs: list[Job], on_result: Callable[[int, JobResult], None] | None = None
+    ) -> list[JobResult]:
+        """Results in the order of `jobs`; `on_result(i, result)`, when given, hears of each job
+        as soon as it finishes (as `SandboxClient.run_batch`)."""
         if not jobs:
             return []
         pool = await self._ready()
-        return await pool.run_batch(jobs)
+        futures = pool.submit(jobs)
+        if on_result is not None:
+            for i, fut in enumerate(futures):
+
+                def tell(f: asyncio.Future[JobResult], i: int = i) -> None:
+                    if not f.cancelled() and f.exception() is None:
+                        on_result(i, f.result())
+
+                fut.add_done_callback(tell)
+        return list(await asyncio.gather(*futures))
 
     async def close(self) -> None:
         if self._pool is not None:

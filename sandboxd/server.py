@@ -2,6 +2,8 @@
 
 Endpoints (loopback by default):
   POST /v1/batch             native: {"jobs": [{"code","stdin","timeout_s"}]} -> {"results": [...]}
+  POST /v1/stream            the same jobs; answers NDJSON, one {"index", "result"} line per job as
+                             it finishes (a short job never waits for a long one of its batch)
   POST /run_code, GET /v1/ping   SandboxFusion-compatible (python only)
   POST /run, /run/batch, /run/long-batch   code-judge-compatible (python only)
   GET  /healthz              {"ok", "workers_alive", "isolation"}
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import os
 import re
@@ -77,6 +80,37 @@ class _Service:
 
         return await self._native(request, lambda b: (protocol.jobs_from_batch(b), None), render)
 
+    async def stream(self, request: web.Request) -> web.StreamResponse:
+        body = await self._body(request)
+        try:
+            jobs = protocol.jobs_from_batch(body)
+        except ProtocolError as exc:
+            return web.json_response({"error": str(exc)}, status=400)
+        try:
+            if self.draining:
+                raise QueueFull("the daemon is shutting down")
+            futures = self.pool.submit(jobs)
+        except QueueFull as exc:
+            return web.json_response({"error": str(exc)}, status=503)
+        finished: asyncio.Queue[tuple[int, asyncio.Future[JobResult]]] = asyncio.Queue()
+        for i, fut in enumerate(futures):
+            fut.add_done_callback(functools.partial(_put_indexed, finished, i))
+        resp = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
+        await resp.prepare(request)
+        left = len(futures)
+        try:
+            while left:  # jobs that finished meanwhile share one write
+                chunk = [await finished.get()]
+                while not finished.empty():
+                    chunk.append(finished.get_nowait())
+                left -= len(chunk)
+                lines = (json.dumps({"index": i, "result": _wire(f)}) + "\n" for i, f in chunk)
+                await resp.write("".join(lines).encode())
+            await resp.write_eof()
+        except ConnectionResetError:  # the client left; its jobs finish and are dropped
+            pass
+        return resp
+
     async def run_code(self, request: web.Request) -> web.Response:
         def render(results: list[JobResult] | None, _extra: Any, busy: str | None) -> web.Response:
             if results is None:  # SandboxFusion clients retry on non-200
@@ -135,6 +169,16 @@ class _Service:
         return web.Response(text=render_metrics(self.pool), content_type="text/plain")
 
 
+def _put_indexed(queue: asyncio.Queue, index: int, fut: asyncio.Future[JobResult]) -> None:
+    queue.put_nowait((index, fut))
+
+
+def _wire(fut: asyncio.Future[JobResult]) -> dict[str, Any]:
+    if fut.cancelled() or fut.exception() is not None:
+        return protocol.sandbox_error(f"the job was lost: {fut}").to_wire()
+    return fut.result().to_wire()
+
+
 def _err(message: str) -> str:
     return json.dumps({"error": message})
 
@@ -172,6 +216,7 @@ def build_app(pool: Pool) -> tuple[web.Application, _Service]:
     app.add_routes(
         [
             web.post("/v1/batch", service.batch),
+            web.post("/v1/stream", service.stream),
             web.post("/run_code", service.run_code),
             web.get("/v1/ping", service.ping),
             web.post("/run", service.cj_run),

@@ -20,8 +20,8 @@ continued as the same turn. History is never re-rendered: token ids are appended
 
 Tools run through a `ToolRunner` (`run_batch(jobs)`): `sandboxd.client.SandboxClient` for URLs or
 `sandboxd.pool.LocalSandbox` in-process (`make_tool_runner`). `ToolBatcher` sends every call the
-moment it is parsed; for sandbox daemons it coalesces calls parsed in the same event-loop tick
-into one batch request.
+moment it is parsed, coalescing calls parsed in the same event-loop tick into one batch request
+whose results come back one by one as each job finishes.
 
 Tested in tests/unit/test_agent_loop.py (scripted engine + a real LocalSandbox).
 """
@@ -31,7 +31,7 @@ from __future__ import annotations
 import asyncio
 import time
 import zlib
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -80,7 +80,9 @@ class AgentConfig:
 
 
 class ToolRunner(Protocol):
-    async def run_batch(self, jobs: list[Job]) -> list[JobResult]: ...
+    async def run_batch(
+        self, jobs: list[Job], on_result: Callable[[int, JobResult], None] | None = None
+    ) -> list[JobResult]: ...
 
     async def close(self) -> None: ...
 
@@ -258,14 +260,12 @@ def longest_prompt_tokens(questions: Iterable[str], tokenizer: Any, template: st
 
 
 class ToolBatcher:
-    """Send tool calls as they come. For a remote runner, calls made in the same event-loop tick
-    share one batch request (fewer HTTP round trips; each of them is answered when the whole
-    batch is). A runner with `coalesce_calls = False` (the in-process pool, where a batch saves
-    nothing) gets each call on its own, so a short call never waits for a long one."""
+    """Send tool calls as they come: calls made in the same event-loop tick share one batch
+    request, and each call is answered as soon as its own job finishes (the runner's
+    `on_result`), so a short call never waits for a long one of its batch."""
 
     def __init__(self, runner: ToolRunner):
         self.runner = runner
-        self.coalesce = bool(getattr(runner, "coalesce_calls", True))
         self.num_in_flight = 0
         self.latencies_s: list[float] = []  # wall time per call, as the trajectory saw it
         self._pending: list[tuple[Job, asyncio.Future[JobResult]]] = []
@@ -275,9 +275,7 @@ class ToolBatcher:
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[JobResult] = loop.create_future()
         self._pending.append((job, fut))
-        if not self.coalesce:
-            self._flush()
-        elif len(self._pending) == 1:
+        if len(self._pending) == 1:
             loop.call_soon(self._flush)
         self.num_in_flight += 1
         start = time.monotonic()
@@ -294,8 +292,12 @@ class ToolBatcher:
         task.add_done_callback(self._tasks.discard)
 
     async def _send(self, batch: list[tuple[Job, asyncio.Future[JobResult]]]) -> None:
+        def answer(i: int, result: JobResult) -> None:
+            if not batch[i][1].done():
+                batch[i][1].set_result(result)
+
         try:
-            results = await self.runner.run_batch([job for job, _ in batch])
+            results = await self.runner.run_batch([job for job, _ in batch], on_result=answer)
         except Exception as exc:  # the runner's own failure: every call in it is an infra error
             results = [JobResult("sandbox_error", "", f"sandbox failure: {exc}", None, 0.0)] * len(
                 batch

@@ -209,3 +209,61 @@ def test_full_queue_answers_503_and_drain_answers_everything():
         handle.stop()
     assert sorted(s for s, _ in answers) == [200, 200, 200]
     assert all(b["results"][0]["stdout"] == "done\n" for _, b in answers)
+
+
+def _stream_lines(url: str, body: object) -> list[tuple[float, dict]]:
+    """POST to /v1/stream; every NDJSON line with the seconds since the request was sent."""
+    req = urllib.request.Request(
+        url + "/v1/stream",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    start, lines = time.monotonic(), []
+    with urllib.request.urlopen(req, timeout=60) as resp:
+        assert resp.headers["Content-Type"].startswith("application/x-ndjson")
+        for raw in resp:
+            lines.append((time.monotonic() - start, json.loads(raw)))
+    return lines
+
+
+def test_stream_answers_each_job_as_it_finishes(daemon):
+    slow = "import time\ntime.sleep(1.5)\nprint('slow')"
+    lines = _stream_lines(daemon.url, {"jobs": [{"code": slow}, {"code": "print('quick')"}]})
+    (t_first, first), (t_last, last) = lines
+    # the quick job (index 1) is on the wire while the slow one still sleeps
+    assert first["index"] == 1 and first["result"]["stdout"] == "quick\n"
+    assert last["index"] == 0 and last["result"]["stdout"] == "slow\n"
+    assert t_last - t_first > 1.0, lines
+    assert first["result"]["status"] == last["result"]["status"] == "ok"
+
+
+def test_stream_malformed_request_gets_400(daemon):
+    status, answer = post_json(daemon.url + "/v1/stream", {"jobs": "x"})
+    assert status == 400 and "'jobs' must be a list" in answer["error"]
+
+
+def test_client_and_tool_batcher_answer_a_short_call_before_a_long_one(daemon):
+    """Through the client (one /v1/stream request for the tick's two calls) and the rollout's
+    ToolBatcher: the short call is answered while the long one still runs."""
+    import asyncio
+
+    from rstar2cli.agent.loop import ToolBatcher
+    from sandboxd.client import SandboxClient
+    from sandboxd.protocol import Job
+
+    async def go():
+        async with SandboxClient([daemon.url], timeout_s=30.0) as client:
+            batcher = ToolBatcher(client)
+            done = []
+
+            async def call(name, code):
+                result = await batcher.run(Job(code))
+                done.append((name, result.stdout.strip(), batcher.num_in_flight))
+
+            await asyncio.gather(
+                call("long", "import time\ntime.sleep(1.5)\nprint('long')"),
+                call("short", "print('short')"),
+            )
+            return done
+
+    assert asyncio.run(go()) == [("short", "short", 1), ("long", "long", 0)]

@@ -82,9 +82,9 @@ class CountingRunner:
         self.inner = inner
         self.batches = []
 
-    async def run_batch(self, jobs):
+    async def run_batch(self, jobs, on_result=None):
         self.batches.append(len(jobs))
-        return await self.inner.run_batch(jobs)
+        return await self.inner.run_batch(jobs, on_result)
 
     async def close(self):
         await self.inner.close()
