@@ -6,10 +6,12 @@ concurrent workers. Both run in this one process's run, on this machine, side by
 
 Prints, per snippet (trivial print, sympy factor/solve, numpy array op): calls/s at peak for each
 executor and their ratio; p50/p99 latency of single-job requests sent open-loop at half the
-daemon's peak rate (and the baseline's per-call latency); then a burst of --burst jobs (default
-45,000) through the client, counting answers by status. Not a test: it asserts nothing.
+daemon's peak rate (and the baseline's per-call latency); how long calls sent together (as a
+rollout's tool calls of one tick are) wait for their answers, whole batch vs streamed; then a
+burst of --burst jobs (default 45,000) through the client, counting answers by status. Not a
+test: it asserts nothing.
 
-    python benchmarks/sandbox.py [--workers 2] [--burst 45000] [--scale 1.0]
+    python benchmarks/sandbox.py [--workers 2] [--burst 45000] [--scale 1.0] [--rounds 12]
 """
 
 from __future__ import annotations
@@ -120,6 +122,36 @@ async def daemon_latency(
     return latencies
 
 
+async def calls_together(client: SandboxClient, rounds: int) -> tuple[float, float, float]:
+    """Tool calls made in one event-loop tick share a batch request. Each round sends 4 jobs
+    that sleep a mixed time (lognormal, median 150 ms, at most 1.5 s), once answered as a whole
+    (/v1/batch) and once streamed (/v1/stream, each job answered when it finishes), alternating
+    which goes first. Returns the mean time until a call is answered (batch, stream) and the mean
+    sleep, in seconds."""
+    import random
+
+    rng = random.Random(0)
+    waits: dict[str, list[float]] = {"batch": [], "stream": []}
+    sleeps: list[float] = []
+    for r in range(rounds):
+        naps = [min(1.5, rng.lognormvariate(-1.9, 1.0)) for _ in range(4)]
+        sleeps += naps
+        jobs = [Job(code=f"import time\ntime.sleep({n:.3f})") for n in naps]
+        for mode in ("batch", "stream") if r % 2 == 0 else ("stream", "batch"):
+            start = time.perf_counter()
+            if mode == "batch":
+                await client.run_batch(jobs)
+                waits[mode] += [time.perf_counter() - start] * len(jobs)
+            else:
+                answered: list[float] = []
+                await client.run_batch(
+                    jobs, on_result=lambda _i, _r, out=answered: out.append(time.perf_counter())
+                )
+                waits[mode] += [t - start for t in answered]
+    mean = {m: sum(w) / len(w) for m, w in waits.items()}
+    return mean["batch"], mean["stream"], sum(sleeps) / len(sleeps)
+
+
 def _pct(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1000
@@ -150,6 +182,7 @@ async def run(args: argparse.Namespace) -> None:
                         ok_d == n_daemon and ok_b == n_base,
                     )
                 )
+            together = await calls_together(client, args.rounds)
             start = time.perf_counter()
             burst = await client.run_batch([Job(code=f"print({i} * 2)") for i in range(args.burst)])
             burst_s = time.perf_counter() - start
@@ -164,10 +197,13 @@ async def run(args: argparse.Namespace) -> None:
         Counter(r.status for r in burst),
         burst_s,
         handle.startup_line,
+        together,
     )
 
 
-def _print(rows, args, num_answered, num_correct, statuses, burst_s, startup_line) -> None:
+def _print(
+    rows, args, num_answered, num_correct, statuses, burst_s, startup_line, together
+) -> None:
     print(
         f"sandboxd vs fresh python3 per call; {args.workers} workers each; {os.cpu_count()} CPUs; "
         f"load average {os.getloadavg()[0]:.2f}"
@@ -184,6 +220,12 @@ def _print(rows, args, num_answered, num_correct, statuses, burst_s, startup_lin
     print(
         "(ours p50/p99: single-job requests at half our peak rate; base: per call at its own peak)"
     )
+    batch_s, stream_s, sleep_s = together
+    print(
+        f"calls together: {args.rounds} rounds of 4 jobs sleeping {sleep_s * 1e3:.0f} ms on "
+        f"average; mean time until a call is answered: whole batch {batch_s * 1e3:.0f} ms, "
+        f"streamed {stream_s * 1e3:.0f} ms ({batch_s / stream_s:.2f}x)"
+    )
     print(
         f"burst: {args.burst} jobs, {num_answered} answered, {num_correct} correct, "
         f"{dict(statuses)}, {burst_s:.1f} s, {args.burst / burst_s:.0f} jobs/s"
@@ -195,6 +237,9 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--burst", type=int, default=45_000)
     parser.add_argument("--scale", type=float, default=1.0, help="multiply the number of calls")
+    parser.add_argument(
+        "--rounds", type=int, default=12, help="rounds of the calls-together comparison"
+    )
     asyncio.run(run(parser.parse_args()))
 
 
