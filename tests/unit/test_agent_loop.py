@@ -225,7 +225,7 @@ def test_tool_batcher_coalesces_calls_made_in_one_tick():
 
 def test_tool_batcher_in_process_short_call_does_not_wait_for_a_long_one():
     """The in-process pool gets each call on its own: of two calls made in one tick, the short
-    one is answered while the long one still runs (a shared batch would hold it ~1 s)."""
+    one is answered while the long one still runs (a shared batch would hold it ~3 s)."""
     from sandboxd.protocol import Job
 
     async def go():
@@ -239,7 +239,7 @@ def test_tool_batcher_in_process_short_call_does_not_wait_for_a_long_one():
                 done.append((name, result.stdout.strip(), batcher.num_in_flight))
 
             await asyncio.gather(
-                call("long", "import time\ntime.sleep(1.0)\nprint('long')"),
+                call("long", "import time\ntime.sleep(3.0)\nprint('long')"),
                 call("short", "print('short')"),
             )
             return done
