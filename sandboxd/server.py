@@ -55,10 +55,13 @@ class _Service:
                 text=_err("the request body is not valid JSON"), content_type="application/json"
             ) from None
 
-    async def _execute(self, jobs: list[Job]) -> list[JobResult]:
+    def _submit(self, jobs: list[Job]) -> list[asyncio.Future[JobResult]]:
         if self.draining:
             raise QueueFull("the daemon is shutting down")
-        return await asyncio.gather(*self.pool.submit(jobs))
+        return self.pool.submit(jobs)
+
+    async def _execute(self, jobs: list[Job]) -> list[JobResult]:
+        return await asyncio.gather(*self._submit(jobs))
 
     async def _native(self, request: web.Request, parse: Any, render: Any) -> web.Response:
         body = await self._body(request)
@@ -87,9 +90,7 @@ class _Service:
         except ProtocolError as exc:
             return web.json_response({"error": str(exc)}, status=400)
         try:
-            if self.draining:
-                raise QueueFull("the daemon is shutting down")
-            futures = self.pool.submit(jobs)
+            futures = self._submit(jobs)
         except QueueFull as exc:
             return web.json_response({"error": str(exc)}, status=503)
         finished: asyncio.Queue[tuple[int, asyncio.Future[JobResult]]] = asyncio.Queue()

@@ -194,8 +194,9 @@ def test_full_queue_answers_503_and_drain_answers_everything():
         for t in threads:
             t.start()
             time.sleep(0.15)
-        status, body = post_json(handle.url + "/v1/batch", {"jobs": [{"code": "1"}] * 3})
-        assert status == 503 and "queue full" in body["error"]
+        for path in ("/v1/batch", "/v1/stream"):
+            status, body = post_json(handle.url + path, {"jobs": [{"code": "1"}] * 3})
+            assert status == 503 and "queue full" in body["error"], path
         subs = [{"type": "python", "solution": "print(1)", "sub_id": f"s{i}"} for i in range(3)]
         status, body = post_json(
             handle.url + "/run/long-batch", {"type": "batch", "submissions": subs}
