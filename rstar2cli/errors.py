@@ -12,3 +12,10 @@ class UserError(Exception):
     """Bad input or environment: printed as one line, exit code 2."""
 
     exit_code = 2
+
+
+def first_line(exc: BaseException) -> str:
+    """The first line of an exception's message (or its type's name when it has none), for
+    one-line errors that quote a library's failure."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__

@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from rstar2cli.errors import UserError
+from rstar2cli.errors import UserError, first_line
 
 
 def load_problems(
@@ -81,10 +81,9 @@ def check_model_source(model: str) -> None:
     except EntryNotFoundError as exc:
         raise UserError(f"model {model!r} on the Hugging Face hub has no config.json") from exc
     except Exception as exc:  # connection, DNS, proxy and HTTP errors come in many types
-        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise UserError(
             f"model {model!r} is not a local folder, and the Hugging Face hub could not be "
-            f"asked for it ({reason})"
+            f"asked for it ({first_line(exc)})"
         ) from exc
 
 

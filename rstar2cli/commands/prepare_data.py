@@ -17,7 +17,7 @@ from typing import Any
 
 import typer
 
-from rstar2cli.errors import UserError
+from rstar2cli.errors import UserError, first_line
 from rstar2cli.fileio import check_output_path, refuse_overwrite
 
 _LOCAL_SUFFIXES = (".jsonl", ".json", ".parquet")
@@ -161,9 +161,9 @@ def _load_hf(dataset_id: str, config: str | None, split: str) -> list[dict]:
     try:
         ds = datasets.load_dataset(dataset_id, config, split=split)
     except Exception as exc:  # hub, network and schema errors come in many types
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise UserError(
-            f"cannot load HF dataset {dataset_id!r} (config={config}, split={split}): {first}"
+            f"cannot load HF dataset {dataset_id!r} (config={config}, split={split}): "
+            f"{first_line(exc)}"
         ) from exc
     return ds.to_list()
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rstar2cli.errors import UserError
+from rstar2cli.errors import UserError, first_line
 
 
 @dataclass
@@ -78,8 +78,9 @@ def load_benchmark(name: str) -> Benchmark:
     try:
         rows = datasets.load_dataset(spec.dataset_id, spec.config, split=spec.split).to_list()
     except Exception as exc:  # hub, auth (GPQA is gated), network: many types
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise UserError(f"cannot load benchmark {name} ({spec.dataset_id}): {first}") from exc
+        raise UserError(
+            f"cannot load benchmark {name} ({spec.dataset_id}): {first_line(exc)}"
+        ) from exc
     if spec.multiple_choice:
         rows = [multiple_choice_row(r) for r in rows]
     return normalize_problems(rows, name, spec.dataset_id, spec.question_field, spec.answer_field)

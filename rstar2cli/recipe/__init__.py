@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from rstar2cli.errors import UserError
+from rstar2cli.errors import UserError, first_line
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -122,8 +122,7 @@ def recipe_changes(path: str | Path, recipe: BaseModel) -> list[str]:
     try:
         before = yaml.safe_load(p.read_text(encoding="utf-8"))
     except (yaml.YAMLError, UnicodeDecodeError) as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise UserError(f"{p} is not a recipe mapping: {first}") from exc
+        raise UserError(f"{p} is not a recipe mapping: {first_line(exc)}") from exc
     if not isinstance(before, dict):
         got = "an empty file" if before is None else f"a YAML {type(before).__name__}"
         raise UserError(f"{p} is not a recipe mapping: got {got}; remove it or pick a new --out")

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from rstar2cli import protocol as P
-from rstar2cli.errors import UserError
+from rstar2cli.errors import UserError, first_line
 from rstar2cli.sft.convert import Call, Chat, ConvertError, Message, convert_record
 from rstar2cli.sft.recipe import DataConfig, DataSource
 
@@ -162,8 +162,7 @@ def _load_hf(source: DataSource) -> list[dict[str, Any]]:
     try:
         ds = datasets.load_dataset(source.path, source.config, split=source.split)
     except Exception as exc:  # hub, network and schema errors come in many types
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise UserError(f"cannot load HF dataset {source.path!r}: {first}") from exc
+        raise UserError(f"cannot load HF dataset {source.path!r}: {first_line(exc)}") from exc
     return ds.to_list()
 
 
