@@ -269,7 +269,6 @@ async def run_real(args) -> tuple[list[list[str]], object]:
     from rstar2cli.data.tiny import build_tiny_model_dir
     from rstar2cli.scheduler.engines import make_engines
     from rstar2cli.scheduler.rollout import run_rollout
-    from rstar2cli.scheduler.scheduler import SchedulerConfig
     from sandboxd.pool import LocalSandbox
 
     model_dir = build_tiny_model_dir(Path(tempfile.mkdtemp(prefix="bench-tiny-")), seed=0)
@@ -300,15 +299,7 @@ async def run_real(args) -> tuple[list[list[str]], object]:
         ) as sandbox:
             await _warm_up(engines, sandbox, items, tok)
             for policy, mode in _rounds(_selected(args), args.repeats):
-                sched = SchedulerConfig(
-                    policy=policy,
-                    kv_mode=mode,
-                    step_tokens=args.step_tokens,
-                    migrate_after_s=args.migrate_after_s,
-                    drain_balance=args.drain_balance,
-                    kv_overcommit=args.kv_overcommit,
-                    max_active_per_engine=None if policy == "kv" else args.concurrency,
-                )
+                sched = _real_config(args, policy, mode)
                 agent = AgentConfig(max_response_tokens=args.max_response_tokens)
                 done = []
                 stats = await run_rollout(
@@ -333,6 +324,27 @@ async def run_real(args) -> tuple[list[list[str]], object]:
     return rows, cost, sim
 
 
+def _sched_config(args, policy: str, mode: str, max_active: int | None):
+    """The scheduler settings of one policy, from the command line (both parts)."""
+    from rstar2cli.scheduler.scheduler import SchedulerConfig
+
+    return SchedulerConfig(
+        policy=policy,
+        kv_mode=mode,
+        step_tokens=args.step_tokens,
+        max_active_per_engine=max_active,
+        migrate_after_s=args.migrate_after_s,
+        drain_balance=args.drain_balance,
+        kv_overcommit=args.kv_overcommit,
+    )
+
+
+def _real_config(args, policy: str, mode: str):
+    """Part (a)'s settings: kv bounded by KV alone, the baselines by --concurrency (none: as
+    `rstar2 rollout` runs them)."""
+    return _sched_config(args, policy, mode, None if policy == "kv" else args.concurrency)
+
+
 def replay_in_sim(items, tok, cost, capacity_tokens: list[int], args) -> dict[str, float]:
     """(a)'s scripted workload, with its real prompt and tool-chunk token counts, in
     `scheduler_sim` on the cost fitted to engine 0 and the engines' real KV: the simulated
@@ -343,7 +355,6 @@ def replay_in_sim(items, tok, cost, capacity_tokens: list[int], args) -> dict[st
 
     from rstar2cli import protocol as P
     from rstar2cli.agent.loop import prompt_ids_for
-    from rstar2cli.scheduler.scheduler import SchedulerConfig
 
     def chunk_tokens(turn: int) -> int:
         text = P.render_tool_response(P.format_tool_output("ok", f"{turn * 7}\n", ""))
@@ -360,17 +371,13 @@ def replay_in_sim(items, tok, cost, capacity_tokens: list[int], args) -> dict[st
     ]
     out = {}
     for policy, mode in _selected(args):
-        config = SchedulerConfig(
-            policy=policy,
-            kv_mode=mode,
-            step_tokens=args.step_tokens,
-            migrate_after_s=args.migrate_after_s,
-            drain_balance=args.drain_balance,
-            kv_overcommit=args.kv_overcommit,
-            max_active_per_engine=None if policy == "kv" else args.concurrency,
-        )
         result = simulate(
-            work, config, len(capacity_tokens), min(capacity_tokens), args.max_response_tokens, cost
+            work,
+            _real_config(args, policy, mode),
+            len(capacity_tokens),
+            min(capacity_tokens),
+            args.max_response_tokens,
+            cost,
         )
         out[_label(policy, mode)] = result.makespan_s
     return out
@@ -516,8 +523,6 @@ def run_sim(args, cost, seed: int) -> dict[str, float]:
         step_floor_s,
     )
 
-    from rstar2cli.scheduler.scheduler import SchedulerConfig
-
     gpu = GPUS[args.sim_gpu]
     work = make_workload(args.sim_prompts, args.sim_samples, args.sim_max_response, seed)
     work = order_groups(work, args.sim_samples, args.sim_order, args.sim_max_response)
@@ -530,15 +535,7 @@ def run_sim(args, cost, seed: int) -> dict[str, float]:
     lb = max(work_lb, path_lb)
     results = []
     for policy, mode in _selected(args):
-        config = SchedulerConfig(
-            policy=policy,
-            kv_mode=mode,
-            step_tokens=args.step_tokens,
-            max_active_per_engine=args.sim_max_seqs,
-            migrate_after_s=args.migrate_after_s,
-            drain_balance=args.drain_balance,
-            kv_overcommit=args.kv_overcommit,
-        )
+        config = _sched_config(args, policy, mode, args.sim_max_seqs)
         start = time.perf_counter()
         r = simulate(
             work,
