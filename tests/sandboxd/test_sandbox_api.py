@@ -243,30 +243,3 @@ def test_stream_answers_each_job_as_it_finishes(daemon):
 def test_stream_malformed_request_gets_400(daemon):
     status, answer = post_json(daemon.url + "/v1/stream", {"jobs": "x"})
     assert status == 400 and "'jobs' must be a list" in answer["error"]
-
-
-def test_client_and_tool_batcher_answer_a_short_call_before_a_long_one(daemon):
-    """Through the client (one /v1/stream request for the tick's two calls) and the rollout's
-    ToolBatcher: the short call is answered while the long one still runs."""
-    import asyncio
-
-    from rstar2cli.agent.loop import ToolBatcher
-    from sandboxd.client import SandboxClient
-    from sandboxd.protocol import Job
-
-    async def go():
-        async with SandboxClient([daemon.url], timeout_s=30.0) as client:
-            batcher = ToolBatcher(client)
-            done = []
-
-            async def call(name, code):
-                result = await batcher.run(Job(code))
-                done.append((name, result.stdout.strip(), batcher.num_in_flight))
-
-            await asyncio.gather(
-                call("long", "import time\ntime.sleep(3.0)\nprint('long')"),
-                call("short", "print('short')"),
-            )
-            return done
-
-    assert asyncio.run(go()) == [("short", "short", 1), ("long", "long", 0)]

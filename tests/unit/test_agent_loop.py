@@ -223,15 +223,21 @@ def test_tool_batcher_coalesces_calls_made_in_one_tick():
     assert batches == [5] and outs == ["0", "2", "4", "6", "8"] and in_flight == 0
 
 
-def test_tool_batcher_in_process_short_call_does_not_wait_for_a_long_one():
-    """The in-process pool gets each call on its own: of two calls made in one tick, the short
-    one is answered while the long one still runs (a shared batch would hold it ~3 s)."""
+@pytest.mark.parametrize(
+    "runner", ["in-process", pytest.param("daemon", marks=pytest.mark.integration)]
+)
+def test_tool_batcher_answers_a_short_call_before_a_long_one_of_its_tick(runner):
+    """Two calls made in one tick share a batch request, yet the short one is answered while the
+    long one still runs (a batch answered as a whole would hold it ~3 s): with the in-process pool,
+    and through the client and a real daemon on loopback (/v1/stream)."""
+    from sandboxd.client import SandboxClient
     from sandboxd.protocol import Job
+    from sandboxd.server import spawn_daemon
 
-    async def go():
-        async with LocalSandbox(num_workers=2, timeout_s=5.0) as sandbox:
+    async def go(sandbox):
+        async with sandbox:
             batcher = ToolBatcher(sandbox)
-            await batcher.run(Job("print(0)"))  # start the pool outside the timed calls
+            await batcher.run(Job("print(0)"))  # start the pool outside the calls compared
             done = []
 
             async def call(name, code):
@@ -244,7 +250,14 @@ def test_tool_batcher_in_process_short_call_does_not_wait_for_a_long_one():
             )
             return done
 
-    done = asyncio.run(go())
+    if runner == "in-process":
+        done = asyncio.run(go(LocalSandbox(num_workers=2, timeout_s=5.0)))
+    else:
+        daemon = spawn_daemon(workers=2, timeout_s=5.0)
+        try:
+            done = asyncio.run(go(SandboxClient([daemon.url], timeout_s=30.0)))
+        finally:
+            daemon.stop()
     # the short call came back first, with the long one still in flight
     assert done == [("short", "short", 1), ("long", "long", 0)]
 
