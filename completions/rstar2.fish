@@ -38,23 +38,24 @@ complete -c rstar2 -n '__fish_seen_subcommand_from serve-sandbox' -l preload -d 
 complete -c rstar2 -n '__fish_seen_subcommand_from serve-sandbox' -l help -d 'Show help and exit'
 complete -c rstar2 -n '__fish_seen_subcommand_from rollout' -l model -d 'HF model folder (weights + tokenizer)' -r -F
 complete -c rstar2 -n '__fish_seen_subcommand_from rollout' -l data -d 'Problems .parquet/.jsonl/.json with question (and answer, id)' -r -F
-complete -c rstar2 -n '__fish_seen_subcommand_from rollout' -l out -d 'Trajectory records, one JSON line each (appended)' -r -F
-complete -c rstar2 -n '__fish_seen_subcommand_from rollout' -l n -d 'Samples (rollouts) per problem' -r -F
+complete -c rstar2 -n '__fish_seen_subcommand_from rollout' -l out -d 'Trajectory records, one JSON line each (appended; resumable)' -r -F
+complete -c rstar2 -n '__fish_seen_subcommand_from rollout' -l samples -d 'Rollouts per problem (each one graded when the problem has an answer)' -r -F
 complete -c rstar2 -n '__fish_seen_subcommand_from rollout' -l engines -d 'Number of inference engines' -r -F
 complete -c rstar2 -n '__fish_seen_subcommand_from rollout' -l engine -d 'Engine kind vllm | hf' -r -F
-complete -c rstar2 -n '__fish_seen_subcommand_from rollout' -l sandbox -d 'sandboxd URL (repeatable)' -r -F
+complete -c rstar2 -n '__fish_seen_subcommand_from rollout' -l sandbox -d 'sandboxd URL (repeatable); none an in-process sandbox' -r -F
+complete -c rstar2 -n '__fish_seen_subcommand_from rollout' -l ray-address -d 'Run engines as Ray actors local or a cluster address (HEAD6379)' -r -F
 complete -c rstar2 -n '__fish_seen_subcommand_from rollout' -l scheduler -d 'kv (KV-cache-aware) | static | least-requests' -r -F
 complete -c rstar2 -n '__fish_seen_subcommand_from rollout' -l kv-mode -d 'kv scheduler reservation incremental (context + next step) | full (th' -r -F
-complete -c rstar2 -n '__fish_seen_subcommand_from rollout' -l kv-overcommit -d 'incremental/per_turn reserve up to this multiple of each engines KV ' -r -F
+complete -c rstar2 -n '__fish_seen_subcommand_from rollout' -l kv-overcommit -d 'incremental/per_turn reserve up to this multiple of each engines KV;' -r -F
+complete -c rstar2 -n '__fish_seen_subcommand_from rollout' -l kv-cache-tokens -d 'KV cache per engine in tokens default the engines size, at least on' -r -F
 complete -c rstar2 -n '__fish_seen_subcommand_from rollout' -l max-turns -d 'Most model turns per trajectory' -r -F
-complete -c rstar2 -n '__fish_seen_subcommand_from rollout' -l max-response-tokens -d 'Response budget (model + tool tokens)' -r -F
-complete -c rstar2 -n '__fish_seen_subcommand_from rollout' -l temperature -d 'Sampling temperature' -r -F
-complete -c rstar2 -n '__fish_seen_subcommand_from rollout' -l seed -d 'Sampling seed (per sample and turn)' -r -F
-complete -c rstar2 -n '__fish_seen_subcommand_from rollout' -l ray-address -d 'Run engines as Ray actors local or a cluster address' -r -F
+complete -c rstar2 -n '__fish_seen_subcommand_from rollout' -l max-response-tokens -d 'Response budget, model + tool tokens default 12288, clipped to the m' -r -F
+complete -c rstar2 -n '__fish_seen_subcommand_from rollout' -l temperature -d 'Sampling temperature (0 greedy)' -r -F
+complete -c rstar2 -n '__fish_seen_subcommand_from rollout' -l top-p -d 'Nucleus sampling' -r -F
+complete -c rstar2 -n '__fish_seen_subcommand_from rollout' -l seed -d 'Sampling seed (mixed with problem id, sample and turn)' -r -F
 complete -c rstar2 -n '__fish_seen_subcommand_from rollout' -l template -d 'Prompt template paper | release' -r -F
-complete -c rstar2 -n '__fish_seen_subcommand_from rollout' -l kv-cache-tokens -d 'KV cache per engine in tokens (0 or unset the engines default)' -r -F
 complete -c rstar2 -n '__fish_seen_subcommand_from rollout' -l max-tool-output-chars -d 'Tool output kept per call (middle cut); 0 keeps all' -r -F
-complete -c rstar2 -n '__fish_seen_subcommand_from rollout' -l tool-timeout -d 'Seconds per tool call (> 0)' -r -F
+complete -c rstar2 -n '__fish_seen_subcommand_from rollout' -l tool-timeout -d 'Seconds one tool call may run (> 0)' -r -F
 complete -c rstar2 -n '__fish_seen_subcommand_from rollout' -l help -d 'Show help and exit'
 complete -c rstar2 -n '__fish_seen_subcommand_from rl-stage' -l recipe -d 'RL recipe YAML (e.g' -r -F
 complete -c rstar2 -n '__fish_seen_subcommand_from rl-stage' -l set -d 'Override a recipe value, e.g' -r -F
@@ -64,42 +65,57 @@ complete -c rstar2 -n '__fish_seen_subcommand_from rl-stage' -l reset-optimizer 
 complete -c rstar2 -n '__fish_seen_subcommand_from rl-stage' -l sandbox -d 'sandboxd URL (repeatable); overrides the recipes' -r -F
 complete -c rstar2 -n '__fish_seen_subcommand_from rl-stage' -l ray-address -d 'Place engines and trainer ranks with Ray local or a cluster address' -r -F
 complete -c rstar2 -n '__fish_seen_subcommand_from rl-stage' -l help -d 'Show help and exit'
-complete -c rstar2 -n '__fish_seen_subcommand_from filter-hard' -l model -d 'HF model folder (e.g' -r -F
+complete -c rstar2 -n '__fish_seen_subcommand_from filter-hard' -l model -d 'HF model folder (weights + tokenizer)' -r -F
 complete -c rstar2 -n '__fish_seen_subcommand_from filter-hard' -l data -d 'Problems .parquet/.jsonl/.json with question and answer' -r -F
 complete -c rstar2 -n '__fish_seen_subcommand_from filter-hard' -l out -d 'Kept problems (.parquet or .jsonl)' -r -F
 complete -c rstar2 -n '__fish_seen_subcommand_from filter-hard' -l samples -d 'Rollouts per problem (paper 8)' -r -F
 complete -c rstar2 -n '__fish_seen_subcommand_from filter-hard' -l engines -d 'Number of inference engines' -r -F
 complete -c rstar2 -n '__fish_seen_subcommand_from filter-hard' -l engine -d 'Engine kind vllm | hf' -r -F
-complete -c rstar2 -n '__fish_seen_subcommand_from filter-hard' -l sandbox -d 'sandboxd URL (repeatable)' -r -F
-complete -c rstar2 -n '__fish_seen_subcommand_from filter-hard' -l ray-address -d 'Engines as Ray actors local or an address' -r -F
-complete -c rstar2 -n '__fish_seen_subcommand_from filter-hard' -l max-turns -d 'Most model turns (paper stage 2 10)' -r -F
-complete -c rstar2 -n '__fish_seen_subcommand_from filter-hard' -l max-response-tokens -d 'Response budget (paper stage 2 12K)' -r -F
-complete -c rstar2 -n '__fish_seen_subcommand_from filter-hard' -l temperature -d 'Sampling temperature' -r -F
-complete -c rstar2 -n '__fish_seen_subcommand_from filter-hard' -l seed -d 'Sampling seed' -r -F
+complete -c rstar2 -n '__fish_seen_subcommand_from filter-hard' -l sandbox -d 'sandboxd URL (repeatable); none an in-process sandbox' -r -F
+complete -c rstar2 -n '__fish_seen_subcommand_from filter-hard' -l ray-address -d 'Run engines as Ray actors local or a cluster address (HEAD6379)' -r -F
+complete -c rstar2 -n '__fish_seen_subcommand_from filter-hard' -l scheduler -d 'kv (KV-cache-aware) | static | least-requests' -r -F
+complete -c rstar2 -n '__fish_seen_subcommand_from filter-hard' -l kv-mode -d 'kv scheduler reservation incremental (context + next step) | full (th' -r -F
+complete -c rstar2 -n '__fish_seen_subcommand_from filter-hard' -l kv-overcommit -d 'incremental/per_turn reserve up to this multiple of each engines KV;' -r -F
+complete -c rstar2 -n '__fish_seen_subcommand_from filter-hard' -l kv-cache-tokens -d 'KV cache per engine in tokens default the engines size, at least on' -r -F
+complete -c rstar2 -n '__fish_seen_subcommand_from filter-hard' -l max-turns -d 'Most model turns per trajectory' -r -F
+complete -c rstar2 -n '__fish_seen_subcommand_from filter-hard' -l max-response-tokens -d 'Response budget, model + tool tokens default 12288, clipped to the m' -r -F
+complete -c rstar2 -n '__fish_seen_subcommand_from filter-hard' -l temperature -d 'Sampling temperature (0 greedy)' -r -F
+complete -c rstar2 -n '__fish_seen_subcommand_from filter-hard' -l top-p -d 'Nucleus sampling' -r -F
+complete -c rstar2 -n '__fish_seen_subcommand_from filter-hard' -l seed -d 'Sampling seed (mixed with problem id, sample and turn)' -r -F
 complete -c rstar2 -n '__fish_seen_subcommand_from filter-hard' -l template -d 'Prompt template paper | release' -r -F
-complete -c rstar2 -n '__fish_seen_subcommand_from filter-hard' -l kv-cache-tokens -d 'KV cache per engine in tokens' -r -F
-complete -c rstar2 -n '__fish_seen_subcommand_from filter-hard' -l force -d 'Overwrite existing outputs'
+complete -c rstar2 -n '__fish_seen_subcommand_from filter-hard' -l max-tool-output-chars -d 'Tool output kept per call (middle cut); 0 keeps all' -r -F
+complete -c rstar2 -n '__fish_seen_subcommand_from filter-hard' -l tool-timeout -d 'Seconds one tool call may run (> 0)' -r -F
+complete -c rstar2 -n '__fish_seen_subcommand_from filter-hard' -l force -d 'Overwrite finished outputs; start over'
 complete -c rstar2 -n '__fish_seen_subcommand_from filter-hard' -l help -d 'Show help and exit'
 complete -c rstar2 -n '__fish_seen_subcommand_from eval' -l benchmark -d 'Known set (repeatable) aime24, aime25, hmmt25, math500, gsm8k, amc23,' -r -F
 complete -c rstar2 -n '__fish_seen_subcommand_from eval' -l data -d 'Local .jsonl/.json/.parquet in any schema prepare-data reads (repeatab' -r -F
 complete -c rstar2 -n '__fish_seen_subcommand_from eval' -l model -d 'HF model folder to run on local engines' -r -F
 complete -c rstar2 -n '__fish_seen_subcommand_from eval' -l endpoint -d 'OpenAI-compatible server (e.g' -r -F
 complete -c rstar2 -n '__fish_seen_subcommand_from eval' -l tokenizer -d 'With --endpoint tokenizer folder (default the served model id)' -r -F
-complete -c rstar2 -n '__fish_seen_subcommand_from eval' -l sandbox -d 'sandboxd URL (repeatable)' -r -F
-complete -c rstar2 -n '__fish_seen_subcommand_from eval' -l n -d 'Samples per problem (paper 16)' -r -F
-complete -c rstar2 -n '__fish_seen_subcommand_from eval' -l temperature -d 'Sampling temperature (paper 0.6)' -r -F
-complete -c rstar2 -n '__fish_seen_subcommand_from eval' -l max-turns -d 'Most model turns (paper 30)' -r -F
-complete -c rstar2 -n '__fish_seen_subcommand_from eval' -l max-response-tokens -d 'Response budget, model + tool tokens (paper 30K)' -r -F
-complete -c rstar2 -n '__fish_seen_subcommand_from eval' -l k -d 'k for pass@k and maj@k (repeatable; default n)' -r -F
-complete -c rstar2 -n '__fish_seen_subcommand_from eval' -l engines -d 'Number of local inference engines' -r -F
-complete -c rstar2 -n '__fish_seen_subcommand_from eval' -l engine -d 'Local engine kind vllm | hf' -r -F
-complete -c rstar2 -n '__fish_seen_subcommand_from eval' -l kv-cache-tokens -d 'KV cache per local engine in tokens (0 or unset the engines default)' -r -F
+complete -c rstar2 -n '__fish_seen_subcommand_from eval' -l samples -d 'Rollouts per problem (paper 16; avg@n averages them)' -r -F
+complete -c rstar2 -n '__fish_seen_subcommand_from eval' -l k -d 'k for pass@k and maj@k (repeatable; default --samples)' -r -F
+complete -c rstar2 -n '__fish_seen_subcommand_from eval' -l engines -d 'Number of inference engines' -r -F
+complete -c rstar2 -n '__fish_seen_subcommand_from eval' -l engine -d 'Engine kind vllm | hf' -r -F
+complete -c rstar2 -n '__fish_seen_subcommand_from eval' -l sandbox -d 'sandboxd URL (repeatable); none an in-process sandbox' -r -F
+complete -c rstar2 -n '__fish_seen_subcommand_from eval' -l ray-address -d 'Run engines as Ray actors local or a cluster address (HEAD6379)' -r -F
+complete -c rstar2 -n '__fish_seen_subcommand_from eval' -l scheduler -d 'kv (KV-cache-aware) | static | least-requests' -r -F
+complete -c rstar2 -n '__fish_seen_subcommand_from eval' -l kv-mode -d 'kv scheduler reservation incremental (context + next step) | full (th' -r -F
+complete -c rstar2 -n '__fish_seen_subcommand_from eval' -l kv-overcommit -d 'incremental/per_turn reserve up to this multiple of each engines KV;' -r -F
+complete -c rstar2 -n '__fish_seen_subcommand_from eval' -l kv-cache-tokens -d 'KV cache per engine in tokens default the engines size, at least on' -r -F
+complete -c rstar2 -n '__fish_seen_subcommand_from eval' -l max-turns -d 'Most model turns per trajectory' -r -F
+complete -c rstar2 -n '__fish_seen_subcommand_from eval' -l max-response-tokens -d 'Response budget, model + tool tokens default 30000, clipped to the m' -r -F
+complete -c rstar2 -n '__fish_seen_subcommand_from eval' -l temperature -d 'Sampling temperature (0 greedy)' -r -F
+complete -c rstar2 -n '__fish_seen_subcommand_from eval' -l top-p -d 'Nucleus sampling' -r -F
+complete -c rstar2 -n '__fish_seen_subcommand_from eval' -l seed -d 'Sampling seed (mixed with problem id, sample and turn)' -r -F
+complete -c rstar2 -n '__fish_seen_subcommand_from eval' -l template -d 'Prompt template paper | release' -r -F
+complete -c rstar2 -n '__fish_seen_subcommand_from eval' -l max-tool-output-chars -d 'Tool output kept per call (middle cut); 0 keeps all' -r -F
+complete -c rstar2 -n '__fish_seen_subcommand_from eval' -l tool-timeout -d 'Seconds one tool call may run (> 0)' -r -F
 complete -c rstar2 -n '__fish_seen_subcommand_from eval' -l max-in-flight -d 'With --endpoint most concurrent requests per server' -r -F
-complete -c rstar2 -n '__fish_seen_subcommand_from eval' -l seed -d 'Sampling seed (per sample and turn)' -r -F
 complete -c rstar2 -n '__fish_seen_subcommand_from eval' -l out -d 'Output folder (results.jsonl, summary.json, eval.png); OUT.jsonl with ' -r -F
 complete -c rstar2 -n '__fish_seen_subcommand_from eval' -l label -d 'Name of this checkpoint in the results (default the model folder name' -r -F
 complete -c rstar2 -n '__fish_seen_subcommand_from eval' -l limit -d 'Evaluate only the first N problems of each benchmark' -r -F
 complete -c rstar2 -n '__fish_seen_subcommand_from eval' -l grade-only -d 'Grade existing responses (fields response, answer) into --out OUT.json' -r -F
+complete -c rstar2 -n '__fish_seen_subcommand_from eval' -l force -d 'With --grade-only overwrite an existing OUT.jsonl'
 complete -c rstar2 -n '__fish_seen_subcommand_from eval' -l help -d 'Show help and exit'
 complete -c rstar2 -n '__fish_seen_subcommand_from quickstart' -l out -d 'Folder for every stages output, summary.json and pipeline.sh' -r -F
 complete -c rstar2 -n '__fish_seen_subcommand_from quickstart' -l fresh -d 'Delete --out first and start over (default resume)'

@@ -104,23 +104,31 @@ def write_jsonl_atomic(path: str | Path, rows: list[dict[str, Any]]) -> None:
 class JsonlAppender:
     """Append JSON lines durably: each `write_batch` ends with flush + fsync.
 
-    On open, a trailing partial line (a crash mid-write) is cut off so the file stays valid jsonl.
+    The file is opened at the first write, so a run that fails before producing anything leaves
+    no empty output behind. Then a trailing partial line (a crash mid-write) is cut off, so the
+    file stays valid jsonl.
     """
 
     def __init__(self, path: str | Path):
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        _truncate_partial_tail(self.path)
-        self._f = self.path.open("a", encoding="utf-8")
+        self._f: Any = None
 
     def write_batch(self, rows: list[dict[str, Any]]) -> None:
+        if not rows:
+            return
+        if self._f is None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            _truncate_partial_tail(self.path)
+            self._f = self.path.open("a", encoding="utf-8")
         for row in rows:
             self._f.write(json.dumps(row, ensure_ascii=False) + "\n")
         self._f.flush()
         os.fsync(self._f.fileno())
 
     def close(self) -> None:
-        self._f.close()
+        if self._f is not None:
+            self._f.close()
+            self._f = None
 
     def __enter__(self) -> JsonlAppender:
         return self

@@ -54,7 +54,7 @@ def plan_steps(out: Path, s: QuickstartSettings) -> list[Step]:
     def eval_step(label: str, model: Path) -> Step:
         argv = [
             "eval", "--model", str(model), "--data", str(test), "--sandbox", SANDBOX_URL_VAR,
-            "--limit", str(s.eval_problems), "--n", str(s.eval_samples),
+            "--limit", str(s.eval_problems), "--samples", str(s.eval_samples),
             "--temperature", str(s.eval_temperature),
             "--max-turns", str(s.eval_max_turns),
             "--max-response-tokens", str(s.eval_max_response_tokens),

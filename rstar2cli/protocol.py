@@ -343,6 +343,16 @@ def count_answer_tags(text: str) -> int:
     return text.count(ANSWER_OPEN)
 
 
+def answer_region(model_text: str) -> str:
+    """The part of the model's own text that may hold its answer: every `<tool_call>` block cut
+    out (unclosed ones to the end), so a `\\boxed{}` inside tool code is never an answer.
+
+    NOTE: reward hacking guard. Callers pass only model-authored text (loss mask 1); tool output
+    never reaches here, so a tool that prints `<answer>\\boxed{42}</answer>` earns nothing.
+    """
+    return _CALL_RE.sub("", model_text)
+
+
 @dataclass
 class TrajectoryStats:
     """What GRPO-RoC needs from a finished trajectory (paper section 3.2)."""

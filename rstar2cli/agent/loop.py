@@ -211,7 +211,7 @@ class Trajectory:
         self.model_text += turn_text
         calls = P.parse_tool_calls(turn_text, max_calls=1)
         if not calls:
-            return self.finish("answer" if P.count_answer_tags(self.model_text) else "no_answer")
+            return self.finish("answer" if self.num_answer_tags else "no_answer")
         if self.num_turns >= self.config.max_turns:
             return self.finish("max_turns")
         if self.remaining_tokens <= 0:
@@ -230,8 +230,17 @@ class Trajectory:
 
     # -- output -----------------------------------------------------------------------------------
 
+    @property
+    def num_answer_tags(self) -> int:
+        """`<answer>` tags the model wrote itself, outside its tool calls."""
+        return P.count_answer_tags(P.answer_region(self.model_text))
+
     def record(self) -> dict[str, Any]:
-        """The trajectory record (CONTRACTS.md); "reward" is added by whoever grades it."""
+        """The trajectory record; "reward" is added by whoever grades it (`rstar2cli.rollout_job`).
+
+        `text` is the whole response (tool outputs included), for reading; `model_text` is only
+        what the model wrote (loss mask 1), the only text an answer is ever taken from.
+        """
         text = self.tokenizer.decode(self.layout.response_ids, skip_special_tokens=False)
         return {
             "id": self.item["id"],
@@ -242,11 +251,12 @@ class Trajectory:
             "response_ids": self.layout.response_ids,
             "loss_mask": self.layout.loss_mask,
             "text": text,
+            "model_text": self.model_text,
             "tool_calls": self.tool_calls,
             "num_turns": self.num_turns,
-            "num_answer_tags": P.count_answer_tags(self.model_text),
+            "num_answer_tags": self.num_answer_tags,
             "finish_reason": self.finish_reason,
-            "extracted": P.extract_answer(self.model_text),
+            "extracted": P.extract_answer(P.answer_region(self.model_text)),
         }
 
 

@@ -1,25 +1,27 @@
 """`rstar2 eval`: avg@n, pass@k, maj@k and tool statistics of a checkpoint on math benchmarks.
 
 Defaults are the paper's evaluation (section 5): 16 samples per problem at temperature 0.6, up to
-30 turns and 30,000 response tokens, reported as avg@16 (mean pass@1). The public release's eval
-scripts ran greedy with 5 turns without saying so; this command prints what it runs.
+30 turns and 30,000 response tokens (clipped to the model's context, with a warning, when it is
+shorter), reported as avg@16 (mean pass@1). The public release's eval scripts ran greedy with 5
+turns without saying so; this command prints what it runs.
 
 Flow: every input is checked first (benchmark names and files, model folder or `--endpoint`
-answering `/v1/models`, each `--sandbox` answering /healthz, k <= n, settings consistent with
-earlier results of the same label) and a bad one fails with one line before any engine starts.
-Then trajectories go through the rollout core (`rstar2cli.scheduler.rollout.run_rollout`: the
-KV-aware scheduler, the agent loop, the sandbox) on engines from `make_engines` (`--model`) or on
-`EndpointEngine`s (`--endpoint`, any OpenAI-compatible server). Each finished trajectory is graded
-with the training grader (the paper's rule: `\\boxed{}` inside `<answer>`; truncated -> wrong) and
-appended to `--out/results.jsonl` (fsynced per batch). Rerunning skips (label, benchmark, id,
-sample) already there. At the end every label in results.jsonl is summarised into
-`summary.json`, one rich table per benchmark, and `eval.png` (avg@n per benchmark per label).
+answering `/v1/models`, each `--sandbox` answering /healthz, k <= n, a budget the model holds,
+the same model and sampling settings as earlier results of the same label) and a bad one fails
+with one line before any engine starts. The label's settings go into summary.json at once. Then
+the rollout job (`rstar2cli.rollout_job`: the KV-aware scheduler, the agent loop, the sandbox, the
+training grader reading the model's own text) runs on engines from the engine spec (`--model`) or
+on `EndpointEngine`s (`--endpoint`, any OpenAI-compatible server), appending graded rows to
+`--out/results.jsonl` (fsynced per batch). Rerunning skips (label, benchmark, id, sample) already
+there; Ctrl-C keeps what finished and exits 130. At the end every label in results.jsonl is
+summarised into `summary.json`, one rich table per benchmark, and `eval.png` (avg@n per benchmark
+per label).
 
 `--grade-only IN.jsonl --out OUT.jsonl` grades existing responses instead
-(`rstar2cli.reward.grade_file`) and prints the accuracy.
+(`rstar2cli.reward.grade_file`) and prints the accuracy; an existing OUT needs `--force`.
 
-Heavy imports happen inside functions. Tested in tests/cli/test_eval_grade_only.py and
-tests/integration/test_eval_cli.py.
+Heavy imports happen inside functions. Tested in tests/cli/test_eval_grade_only.py,
+tests/cli/test_reward_leak.py and tests/integration/test_eval_cli.py.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from typing import Any
 
 import typer
 
+from rstar2cli import options as O
 from rstar2cli.errors import UserError
 
 RESULTS = "results.jsonl"
@@ -50,7 +53,7 @@ def eval_cmd(
         help="Local .jsonl/.json/.parquet in any schema prepare-data reads (repeatable).",
     ),
     model: Path | None = typer.Option(
-        None, "--model", help="HF model folder to run on local engines."
+        None, "--model", metavar="CKPT", help="HF model folder to run on local engines."
     ),
     endpoint: list[str] | None = typer.Option(
         None,
@@ -63,38 +66,29 @@ def eval_cmd(
         "--tokenizer",
         help="With --endpoint: tokenizer folder (default: the served model id).",
     ),
-    sandbox: list[str] | None = typer.Option(
-        None,
-        "--sandbox",
-        metavar="URL",
-        help="sandboxd URL (repeatable). None: an in-process sandbox.",
-    ),
-    n: int = typer.Option(16, "--n", min=1, help="Samples per problem (paper: 16)."),
-    temperature: float = typer.Option(
-        0.6, "--temperature", min=0.0, help="Sampling temperature (paper: 0.6)."
-    ),
-    max_turns: int = typer.Option(30, "--max-turns", min=1, help="Most model turns (paper: 30)."),
-    max_response_tokens: int = typer.Option(
-        30000,
-        "--max-response-tokens",
-        min=1,
-        help="Response budget, model + tool tokens (paper: 30K).",
-    ),
+    samples: int = O.samples_option(O.EVAL_SAMPLES, "paper: 16; avg@n averages them"),
     k: list[int] | None = typer.Option(
-        None, "--k", help="k for pass@k and maj@k (repeatable; default n)."
+        None, "--k", metavar="K", help="k for pass@k and maj@k (repeatable; default: --samples)."
     ),
-    engines: int = typer.Option(1, "--engines", min=1, help="Number of local inference engines."),
-    engine: str = typer.Option("vllm", "--engine", help="Local engine kind: vllm | hf."),
-    kv_cache_tokens: int | None = typer.Option(
-        None,
-        "--kv-cache-tokens",
-        min=0,
-        help="KV cache per local engine in tokens (0 or unset: the engine's default).",
-    ),
+    engines: int = O.ENGINES,
+    engine: str = O.ENGINE,
+    sandbox: list[str] | None = O.SANDBOX,
+    ray_address: str | None = O.RAY_ADDRESS,
+    scheduler: str = O.SCHEDULER,
+    kv_mode: str = O.KV_MODE,
+    kv_overcommit: float = O.KV_OVERCOMMIT,
+    kv_cache_tokens: int | None = O.KV_CACHE_TOKENS,
+    max_turns: int = O.max_turns_option(O.EVAL_MAX_TURNS),
+    max_response_tokens: int | None = O.max_response_tokens_option(O.EVAL_MAX_RESPONSE_TOKENS),
+    temperature: float = O.temperature_option(O.EVAL_TEMPERATURE),
+    top_p: float = O.TOP_P,
+    seed: int = O.SEED,
+    template: str = O.TEMPLATE,
+    max_tool_output_chars: int = O.MAX_TOOL_OUTPUT_CHARS,
+    tool_timeout_s: float = O.TOOL_TIMEOUT,
     max_in_flight: int = typer.Option(
         64, "--max-in-flight", min=1, help="With --endpoint: most concurrent requests per server."
     ),
-    seed: int = typer.Option(0, "--seed", help="Sampling seed (per sample and turn)."),
     out: Path | None = typer.Option(
         None,
         "--out",
@@ -114,6 +108,9 @@ def eval_cmd(
         metavar="IN.jsonl",
         help="Grade existing responses (fields response, answer) into --out OUT.jsonl; no model.",
     ),
+    force: bool = typer.Option(
+        False, "--force", help="With --grade-only: overwrite an existing OUT.jsonl."
+    ),
 ) -> None:
     """Evaluate a checkpoint: avg@n / pass@k / maj@k and tool statistics on math benchmarks."""
     from rich.console import Console
@@ -122,82 +119,108 @@ def eval_cmd(
     if grade_only is not None:
         if benchmark or data or model or endpoint:
             raise UserError("--grade-only takes no --benchmark/--data/--model/--endpoint")
-        _grade_only(console, grade_only, out)
+        _grade_only(console, grade_only, out, force)
         return
-    ks = sorted(set(k or [n]))
-    from rstar2cli.eval.plan import Plan, check_settings
+    args = O.RolloutArgs(
+        samples, engines, engine, list(sandbox or []), ray_address, scheduler, kv_mode,
+        kv_overcommit, kv_cache_tokens, max_turns, max_response_tokens or 0, temperature, top_p,
+        seed, template, max_tool_output_chars, tool_timeout_s,
+    )  # fmt: skip
+    args.check()
+    ks = sorted(set(k or [samples]))
+    from rstar2cli.eval.plan import Plan
 
     plan = Plan.check(
-        benchmark or [],
-        data or [],
-        model,
-        endpoint or [],
-        tokenizer,
-        sandbox or [],
-        engine,
-        out,
-        ks,
-        n,
-    )
+        benchmark or [], data or [], model, endpoint or [], tokenizer, args.sandbox, engine, out,
+        ks, samples,
+    )  # fmt: skip
     if limit is not None:
         for bench in plan.benchmarks:
             bench.problems = bench.problems[:limit]
-    from rstar2cli.agent.loop import AgentConfig
-    from rstar2cli.scheduler.scheduler import SchedulerConfig
-
-    agent_config = AgentConfig(
-        max_turns=max_turns,
-        max_response_tokens=max_response_tokens,
-        temperature=temperature,
-        seed=seed,
-    )
-    sched_config = SchedulerConfig(max_active_per_engine=max_in_flight if plan.endpoints else None)
     label = label or plan.default_label
-    settings = dict(
-        label=label,
-        model=str(model) if model else None,
-        endpoint=[e.base_url for e in plan.endpoints],
-        benchmarks=[b.name for b in plan.benchmarks],
-        n=n,
-        k=ks,
-        temperature=temperature,
-        max_turns=max_turns,
-        max_response_tokens=max_response_tokens,
-        template=agent_config.template,
-        seed=seed,
-        engines=engines,
-        engine=engine,
-        sandbox=plan.sandbox_urls,
-    )
-    out = plan.out
-    check_settings(out, label, settings)
     from rstar2cli.eval.results import pending_items
 
-    items, owner = pending_items(plan.benchmarks, n, out / RESULTS, label)
-    _print_plan(console, plan, settings, len(items))
+    items, owner = pending_items(plan.benchmarks, samples, plan.out / RESULTS, label)
+    fit = None
     if items:
-        import asyncio
+        fit = O.fit_to_model(
+            console, "eval", plan.model or plan.tokenizer_path, plan.tokenizer_path, args,
+            [i["question"] for i in items], max_response_tokens, O.EVAL_MAX_RESPONSE_TOKENS,
+        )  # fmt: skip
+        args = fit.args
+    settings = _settings(plan, args, label, ks, max_response_tokens)
+    _record_settings(plan.out, label, settings)
+    _print_plan(console, plan, settings, len(items))
+    if fit is not None:
+        cap = max_in_flight if plan.endpoints else None
+        _run(console, plan, items, owner, label, args.sched_config(max_active_per_engine=cap), fit)
+    _report(console, plan.out, label, settings, ks)
 
-        from rstar2cli.scheduler.engines import EngineSpec
 
-        # NOTE: --kv-cache-tokens 0 means the engine's default size, as leaving it out does
-        spec = EngineSpec(str(plan.model), engines, engine, None, kv_cache_tokens or None, seed)
-        asyncio.run(_run(console, plan, items, owner, label, agent_config, sched_config, spec))
-    _report(console, out, label, settings, ks)
+def _settings(
+    plan: Any, args: O.RolloutArgs, label: str, ks: list[int], requested: int | None
+) -> dict[str, Any]:
+    """Everything about this label's run; the sample-defining part must match earlier results
+    of the label (`check_same_settings`, one line otherwise)."""
+    from rstar2cli.eval.plan import earlier_settings
+
+    earlier = earlier_settings(plan.out, label)
+    if plan.model is not None:
+        source = O.model_fingerprint(plan.model)
+    else:
+        source = "endpoint " + " ".join(e.model_id for e in plan.endpoints)
+    if args.max_response_tokens == 0:  # nothing runs now: keep what the label ran with
+        budget = requested or (earlier or {}).get("max_response_tokens") or 0
+        import dataclasses
+
+        args = dataclasses.replace(args, max_response_tokens=budget or O.EVAL_MAX_RESPONSE_TOKENS)
+    sample = args.sample_settings(source)
+    O.check_same_settings(
+        earlier, sample, f"label {label!r} in {plan.out}", "use another --label or --out"
+    )
+    return {
+        "label": label,
+        **sample,
+        **args.run_settings(),
+        "k": ks,
+        "endpoint": [e.base_url for e in plan.endpoints],
+        "benchmarks": [b.name for b in plan.benchmarks],
+    }
+
+
+def _record_settings(out: Path, label: str, settings: dict[str, Any]) -> None:
+    """The label's settings go into summary.json before anything runs, so an interrupted run's
+    results are still checked against them on the next run."""
+    from rstar2cli.fileio import write_json_atomic
+
+    doc = _read_summary(out)
+    doc.setdefault("labels", {}).setdefault(label, {})["settings"] = settings
+    write_json_atomic(out / SUMMARY, doc)
+
+
+def _read_summary(out: Path) -> dict[str, Any]:
+    import json
+
+    try:
+        doc = json.loads((out / SUMMARY).read_text())
+    except (OSError, json.JSONDecodeError):
+        return {"labels": {}}
+    return doc if isinstance(doc, dict) and isinstance(doc.get("labels"), dict) else {"labels": {}}
 
 
 def _print_plan(console: Any, plan: Any, settings: dict, num_pending: int) -> None:
     where = (
-        f"model {settings['model']} ({settings['engines']} x {settings['engine']})"
+        f"model {plan.model} ({settings['engines']} x {settings['engine']})"
         if plan.model
         else f"endpoint {', '.join(settings['endpoint'])}"
     )
     from rich.markup import escape
 
     console.print(
-        f"eval [bold]{escape(settings['label'])}[/]: {escape(where)}; n={settings['n']} samples/problem, "
-        f"temperature {settings['temperature']}, max {settings['max_turns']} turns, "
-        f"{settings['max_response_tokens']} response tokens, k={settings['k']}, seed {settings['seed']}; "
+        f"eval [bold]{escape(settings['label'])}[/]: {escape(where)}; "
+        f"{settings['samples']} samples/problem, temperature {settings['temperature']}, "
+        f"max {settings['max_turns']} turns, {settings['max_response_tokens']} response tokens, "
+        f"k={settings['k']}, seed {settings['seed']}; "
         f"sandbox {', '.join(plan.sandbox_urls) or 'in-process'}"
     )
     for b in plan.benchmarks:
@@ -214,69 +237,53 @@ def _print_plan(console: Any, plan: Any, settings: dict, num_pending: int) -> No
 # running
 
 
-async def _start_engines(plan: Any, tokenizer: Any, spec: Any, max_model_len: int) -> list[Any]:
+def _start_engines(plan: Any, fit: Any) -> list[Any]:
     if plan.endpoints:
         from rstar2cli import protocol as P
         from rstar2cli.scheduler.endpoint_engine import EndpointEngine
 
-        stop_id = int(tokenizer.convert_tokens_to_ids(P.IM_END))
+        stop_id = int(fit.tokenizer.convert_tokens_to_ids(P.IM_END))
         return [
             EndpointEngine(info, [stop_id], name=f"endpoint{i}")
             for i, info in enumerate(plan.endpoints)
         ]
-    return spec.start(max_model_len)
+    return fit.args.engine_spec(plan.model).start(max_model_len=fit.max_model_len)
 
 
-async def _run(console, plan, items, owner, label, agent_config, sched_config, spec) -> None:
-    from transformers import AutoTokenizer
+def _run(console, plan, items, owner, label, sched, fit) -> None:
+    from rstar2cli.fileio import JsonlAppender
+    from rstar2cli.reward.grader import Grader
+    from rstar2cli.rollout_job import GradedSink, run_command_job, seed_base
 
-    from rstar2cli.agent.loop import longest_prompt_tokens, make_tool_runner
-    from rstar2cli.eval.results import ResultWriter
-    from rstar2cli.scheduler.rollout import rollout_session, run_rollout
-    from rstar2cli.ui import progress_bar
+    def decorate(record: dict[str, Any]) -> dict[str, Any]:
+        return {
+            "label": label,
+            "benchmark": owner[record["id"]],
+            **record,
+            "num_response_tokens": len(record["response_ids"]),
+        }
 
-    tokenizer = AutoTokenizer.from_pretrained(plan.tokenizer_path)
-    max_prompt = longest_prompt_tokens(
-        (i["question"] for i in items), tokenizer, agent_config.template
-    )
-    writer = ResultWriter(plan.out / RESULTS, label, owner)
-    try:
-        async with rollout_session(
-            lambda: _start_engines(
-                plan, tokenizer, spec, max_prompt + agent_config.max_response_tokens
-            ),
-            make_tool_runner(plan.sandbox_urls, timeout_s=agent_config.tool_timeout_s or 10.0),
-        ) as (engines, tools):
-            with progress_bar("eval", console=console) as progress:
-                task = progress.add_task("eval", total=len(items))
-
-                def on_record(record: dict[str, Any]) -> None:
-                    writer.add(record)
-                    progress.advance(task)
-
-                stats = await run_rollout(
-                    engines,
-                    items,
-                    tokenizer,
-                    agent_config,
-                    sched_config,
-                    tools,
-                    on_record=on_record,
-                )
-    finally:
-        writer.close()
+    with (
+        Grader(num_workers=1, strict=True) as grader,
+        JsonlAppender(plan.out / RESULTS) as appender,
+    ):
+        sink = GradedSink(grader, write=appender.write_batch, decorate=decorate)
+        stats = run_command_job(
+            "eval",
+            lambda: _start_engines(plan, fit),
+            plan.sandbox_urls,
+            items,
+            fit.tokenizer,
+            fit.args.agent_config(seed_base(fit.args.seed)),
+            sched,
+            sink,
+            console,
+        )
     console.print(
-        f"ran {writer.num_written} trajectories in {stats.makespan_s:.1f} s "
+        f"ran {sink.num_written} trajectories in {stats.makespan_s:.1f} s "
         f"({stats.tokens_per_s:.0f} generated tokens/s, {stats.num_tool_calls} tool calls); "
-        f"correct {writer.num_correct}/{writer.num_written}"
+        f"correct {sink.num_correct}/{sink.num_written}"
     )
-    from rich.markup import escape
-
-    for e in engines:
-        if getattr(e, "last_error", None):
-            console.print(
-                f"[yellow]{e.name}: {e.metrics()['num_errors']:.0f} failed requests, last: {escape(e.last_error)}[/]"
-            )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -284,8 +291,6 @@ async def _run(console, plan, items, owner, label, agent_config, sched_config, s
 
 
 def _report(console: Any, out: Path, label: str, settings: dict, ks: list[int]) -> None:
-    import json
-
     from rstar2cli.eval import report as R
     from rstar2cli.eval.results import check_answer_pairs
     from rstar2cli.fileio import read_jsonl_if_exists, write_json_atomic
@@ -298,14 +303,9 @@ def _report(console: Any, out: Path, label: str, settings: dict, ks: list[int]) 
     summaries = R.summarize_all(
         grouped, ks, R.lookup_equivalence(check_answer_pairs(R.majority_pairs(grouped)))
     )
-    earlier = {}
-    if (out / SUMMARY).is_file():
-        try:
-            earlier = json.loads((out / SUMMARY).read_text()).get("labels", {})
-        except json.JSONDecodeError:
-            earlier = {}
+    earlier = _read_summary(out)["labels"]
     doc: dict[str, Any] = {"labels": {}}
-    for lab in labels:
+    for lab in dict.fromkeys([*earlier, *labels]):
         lab_settings = settings if lab == label else earlier.get(lab, {}).get("settings")
         doc["labels"][lab] = {
             "settings": lab_settings,
@@ -318,8 +318,8 @@ def _report(console: Any, out: Path, label: str, settings: dict, ks: list[int]) 
     console.print(f"wrote {out / SUMMARY} and {out / PLOT}")
 
 
-def _grade_only(console: Any, in_path: Path, out: Path | None) -> None:
-    from rstar2cli.fileio import check_output_path
+def _grade_only(console: Any, in_path: Path, out: Path | None, force: bool) -> None:
+    from rstar2cli.fileio import check_output_path, refuse_overwrite
     from rstar2cli.reward.grade_file import grade_file
 
     if out is None or out.suffix.lower() != ".jsonl":
@@ -329,6 +329,7 @@ def _grade_only(console: Any, in_path: Path, out: Path | None) -> None:
     if not in_path.is_file():
         raise UserError(f"file not found: {in_path}")
     check_output_path(out, inputs=(in_path,), suffix=".jsonl")
+    refuse_overwrite([out], force)
     report = grade_file(in_path, out)
     statuses = ", ".join(f"{s} {c}" for s, c in sorted(report.status_counts.items()))
     console.print(

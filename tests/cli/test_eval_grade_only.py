@@ -108,7 +108,7 @@ def test_bad_inputs_fail_with_one_line_before_any_work(tmp_path):
         ([*base], "at least one --benchmark"),
         ([*base, "--benchmark", "aime2099"], "unknown benchmark 'aime2099'"),
         ([*base, "--data", tmp_path / "missing.jsonl"], "--data file not found"),
-        ([*base, "--data", data, "--n", 2, "--k", 4], "--k must be between 1 and --n"),
+        ([*base, "--data", data, "--samples", 2, "--k", 4], "--k must be between 1 and --samples"),
         ([*base, "--data", data, "--data", data], "benchmark names repeat"),
         ([*base, "--data", data, "--engine", "tpu"], "--engine must be vllm or hf"),
         (["--model", tmp_path / "nope", "--data", data, "--out", out], "model path not found"),
@@ -185,7 +185,7 @@ def test_finished_results_are_skipped_and_summarised_for_every_label(tmp_path):
     ]
     _write_jsonl(out / "results.jsonl", rows)
     res = _cli(
-        "eval", "--model", fake_model, "--data", data, "--out", out, "--n", 2, "--k", 1, "--k", 2
+        "eval", "--model", fake_model, "--data", data, "--out", out, "--samples", 2, "--k", 1, "--k", 2
     )
     assert res.returncode == 0, res.stderr
     assert "0 trajectories to run" in _flat(res.stdout)
@@ -213,7 +213,7 @@ def test_finished_results_are_skipped_and_summarised_for_every_label(tmp_path):
 
     # the same label with other sampling settings is refused, before any work
     again = _cli(
-        "eval", "--model", fake_model, "--data", data, "--out", out, "--n", 2, "--temperature", 1.0
+        "eval", "--model", fake_model, "--data", data, "--out", out, "--samples", 2, "--temperature", 1.0
     )
     lines = [ln for ln in again.stderr.splitlines() if ln.strip()]
     assert again.returncode == 2 and len(lines) == 1 and "temperature=0.6" in lines[0]

@@ -90,7 +90,7 @@ def test_eval_tiny_model_real_daemon_then_resume(tmp_path, tiny_model_dir, eval_
         "tiny-sft",
     ]
     with spawn_daemon(workers=2) as daemon:
-        first = run_cli(*common, "--n", 2, "--sandbox", daemon.url)
+        first = run_cli(*common, "--samples", 2, "--sandbox", daemon.url)
         assert first.returncode == 0, first.stderr[-3000:]
         rows = _rows(out)
         assert sorted((r["id"], r["sample"]) for r in rows) == [
@@ -99,7 +99,7 @@ def test_eval_tiny_model_real_daemon_then_resume(tmp_path, tiny_model_dir, eval_
         _check_rows(rows, "tiny-sft")
         assert "6 trajectories to run" in first.stdout and "temperature 0.6" in first.stdout
 
-        again = run_cli(*common, "--n", 3, "--k", 1, "--k", 3, "--sandbox", daemon.url)
+        again = run_cli(*common, "--samples", 3, "--k", 1, "--k", 3, "--sandbox", daemon.url)
         assert again.returncode == 0, again.stderr[-3000:]
     assert "3 trajectories to run" in again.stdout
     rows = _rows(out)
@@ -195,7 +195,7 @@ def test_eval_endpoint_against_a_local_openai_server(tmp_path, tiny_model_dir, e
             data,
             "--out",
             out,
-            "--n",
+            "--samples",
             2,
             "--max-turns",
             3,
@@ -215,7 +215,7 @@ def test_eval_endpoint_against_a_local_openai_server(tmp_path, tiny_model_dir, e
             data,
             "--out",
             out,
-            "--n",
+            "--samples",
             1,
             "--max-turns",
             3,

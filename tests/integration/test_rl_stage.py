@@ -10,7 +10,7 @@ something to choose from, and the update is not zero.
 - test_kill_during_step_two_then_resume_matches: a run killed with SIGKILL (process group: driver,
   engine, sandbox children) during step 2, then rerun: its metrics rows and final weights equal an
   uninterrupted run's exactly. Rollouts are reproducible because every request's sampling seed is a
-  function of (seed, step, problem, sample, turn) (`rstar2cli.rl.rollouts.request_seed_base`) and
+  function of (seed, step, problem, sample, turn) (`rstar2cli.rollout_job.seed_base`) and
   the engine samples each request with its own generator; the engine gets the checkpoint's
   weights before the first rollout after the resume. This test uses the transformers engine, whose
   per-request generators make samples independent of how requests are batched together.

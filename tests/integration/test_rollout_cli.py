@@ -70,7 +70,7 @@ def test_rollout_two_vllm_engines_real_daemon_then_resume(tmp_path, tiny_model_d
         1,
     ]
     with spawn_daemon(workers=2) as daemon:
-        first = run_cli(*common, "--n", 2, "--sandbox", daemon.url)
+        first = run_cli(*common, "--samples", 2, "--sandbox", daemon.url)
         assert first.returncode == 0, first.stderr[-3000:]
         rows = [json.loads(line) for line in out.read_text().splitlines()]
         assert len(rows) == 6
@@ -90,14 +90,14 @@ def test_rollout_two_vllm_engines_real_daemon_then_resume(tmp_path, tiny_model_d
         # resume: --n 3 adds only sample 2 of each problem; nothing is rewritten
         before = out.read_text()
         second = run_cli(
-            *common, "--n", 3, "--sandbox", daemon.url, "--scheduler", "least-requests"
+            *common, "--samples", 3, "--sandbox", daemon.url, "--scheduler", "least-requests"
         )
         assert second.returncode == 0, second.stderr[-3000:]
         text = out.read_text()
         assert text.startswith(before)
         rows = [json.loads(line) for line in text.splitlines()]
         assert len(rows) == 9 and len({(r["id"], r["sample"]) for r in rows}) == 9
-        third = run_cli(*common, "--n", 3, "--sandbox", daemon.url)
+        third = run_cli(*common, "--samples", 3, "--sandbox", daemon.url)
         assert third.returncode == 0 and "nothing to do" in third.stdout
         assert out.read_text() == text
 

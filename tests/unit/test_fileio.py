@@ -80,6 +80,14 @@ def test_appender_keeps_a_whole_last_row_that_lacks_its_newline(tmp_path):
     assert p.read_text().endswith('{"i": 2}\n')
 
 
+def test_appender_that_never_writes_leaves_no_file(tmp_path):
+    # a run that fails before its first record must not leave an empty output behind
+    p = tmp_path / "sub" / "r.jsonl"
+    with JsonlAppender(p) as app:
+        app.write_batch([])
+    assert not p.exists()
+
+
 def test_check_output_path(tmp_path):
     data = tmp_path / "data.jsonl"
     data.write_text("{}\n")

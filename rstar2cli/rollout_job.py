@@ -1,0 +1,333 @@
+"""One rollout job: the path `rollout`, `eval`, `filter-hard` and `rl-stage` all take.
+
+A job turns problems into graded trajectory records:
+
+    make_items      sample s = 0..n-1 of every problem, pairs already done skipped
+    run_rollout     the KV-aware scheduler, the agent loop and the tools on the engines
+                    (`rstar2cli.scheduler.rollout`)
+    GradedSink      the paper's binary reward, read from the model's own text only, then the rows
+                    go to the caller's writer
+
+Seeds: a request's sampling seed is a function of (seed, pass, problem id, sample, turn):
+`seed_base(seed, step)` names the pass (a command's run is step 0; rl-stage's step k is k, its
+held-out eval after k steps another namespace) and `agent.loop.sample_seed` mixes in the rest.
+The same problem, sample and seed therefore draw the same stream in every command.
+
+Reward hacking guard: grading reads `graded_text(record)`, the model-authored turns (loss mask 1)
+with their tool calls cut out, never the tool output. A tool that prints
+`<answer>\\boxed{42}</answer>` earns nothing.
+
+`run_command_job` is the whole run of a one-shot command: engines and tools up, one progress line,
+and interrupts. Ctrl-C or SIGTERM stops the run: records finished before it are written, nothing
+finishing after it is (an engine killed by the same Ctrl-C cannot turn unfinished work into
+`engine_error` rows), and `Interrupted` (exit 130) tells the user to rerun, which resumes.
+
+What it does not do: parse options (`rstar2cli.options`), check inputs (`rstar2cli.agent.inputs`),
+or decide what a row looks like on disk (callers pass `decorate` and `write`).
+Tested in tests/unit/test_rollout_job.py (scripted engine, real in-process sandbox, real grader)
+and through each command's integration test.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from rstar2cli import protocol as P
+from rstar2cli.errors import UserError
+
+# NOTE: the agent loop's request seed is base + 1000 * sample + turn; 2**26 per step leaves room
+# for 67k samples of up to 1000 turns each before two steps could share a seed. Layout of a base:
+# seed (bits 41+) | eval pass (bit 40) | step (bits 26-39, so up to 16384 steps).
+_STEP_SPAN = 2**26
+_MAX_STEPS = 2**14
+_EVAL_BIT = 2**40
+
+
+class Interrupted(UserError):
+    """Ctrl-C or SIGTERM during a run: finished work is kept, the command exits 130."""
+
+    exit_code = 130
+
+
+def seed_base(seed: int, step: int = 0, eval_pass: bool = False) -> int:
+    """Seed namespace of one pass: a command's run (step 0), an RL step, or its held-out eval."""
+    if not 0 <= step < _MAX_STEPS:
+        raise ValueError(f"step must be in [0, {_MAX_STEPS}), got {step}")
+    return (seed % 2**20) * 2 * _EVAL_BIT + (_EVAL_BIT if eval_pass else 0) + step * _STEP_SPAN
+
+
+def make_items(
+    problems: list[dict[str, Any]],
+    num_samples: int,
+    done: Iterable[tuple[str, int]] = (),
+) -> list[dict[str, Any]]:
+    """Rollout items: samples 0..num_samples-1 of each problem, in problem order, minus `done`
+    (id, sample) pairs (what a resumed run already wrote). A problem listed twice (an RL batch
+    that wraps around its epoch) gets samples num_samples..2*num_samples-1 the second time, so
+    (id, sample) stays a unique key and each sample its own seed."""
+    finished = set(done)
+    seen: dict[str, int] = {}
+    items = []
+    for p in problems:
+        pid = str(p["id"])
+        first = seen.get(pid, 0) * num_samples
+        seen[pid] = seen.get(pid, 0) + 1
+        for s in range(first, first + num_samples):
+            if (pid, s) not in finished:
+                items.append({**p, "sample": s})
+    return items
+
+
+def drop_long_prompts(
+    problems: list[dict[str, Any]], tokenizer: Any, template: str, max_prompt_tokens: int
+) -> tuple[list[dict[str, Any]], int]:
+    """Problems whose rendered prompt fits `max_prompt_tokens`, and how many were dropped."""
+    from rstar2cli.agent.loop import prompt_ids_for
+
+    kept = [
+        p
+        for p in problems
+        if len(prompt_ids_for(p["question"], tokenizer, template)) <= max_prompt_tokens
+    ]
+    return kept, len(problems) - len(kept)
+
+
+def graded_text(record: dict[str, Any]) -> str:
+    """What the answer is read from: the model's own turns, tool calls cut out."""
+    return P.answer_region(record["model_text"])
+
+
+class GradedSink:
+    """Takes finished records (`add`), grades those with a reference and hands rows to `write`
+    in batches (every `flush_every` records or `flush_every_s` seconds; None: only on `flush`).
+
+    A graded row gets `reward` (1.0 / 0.0), `correct`, `grade_status` and `extracted` (the answer
+    the grader read). `decorate(record)` adds a caller's fields. Without `write`, rows collect in
+    `rows`. After `close_intake()` (an interrupt) records are counted in `num_dropped`, not kept.
+    """
+
+    def __init__(
+        self,
+        grader: Any,
+        write: Callable[[list[dict[str, Any]]], None] | None = None,
+        decorate: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+        flush_every: int | None = 16,
+        flush_every_s: float = 2.0,
+    ):
+        self.grader, self.write, self.decorate = grader, write, decorate
+        self.flush_every, self.flush_every_s = flush_every, flush_every_s
+        self.rows: list[dict[str, Any]] = []
+        self.buffer: list[dict[str, Any]] = []
+        self.last_flush = time.monotonic()
+        self.num_written = self.num_graded = self.num_correct = self.num_dropped = 0
+        self.finish_counts: dict[str, int] = {}
+        self.grade_s = 0.0
+        self.accepting = True
+
+    def add(self, record: dict[str, Any]) -> None:
+        if not self.accepting:
+            self.num_dropped += 1
+            return
+        self.buffer.append(record)
+        reason = str(record["finish_reason"])
+        self.finish_counts[reason] = self.finish_counts.get(reason, 0) + 1
+        due = self.flush_every is not None and (
+            len(self.buffer) >= self.flush_every
+            or time.monotonic() - self.last_flush > self.flush_every_s
+        )
+        if due:
+            self.flush()
+
+    def close_intake(self) -> None:
+        self.accepting = False
+
+    def flush(self) -> None:
+        if self.buffer:
+            rows, self.buffer = self.buffer, []
+            self._grade(rows)
+            if self.decorate is not None:
+                rows = [self.decorate(r) for r in rows]
+            if self.write is None:
+                self.rows += rows
+            else:
+                self.write(rows)
+            self.num_written += len(rows)
+        self.last_flush = time.monotonic()
+
+    def _grade(self, rows: list[dict[str, Any]]) -> None:
+        graded = [r for r in rows if r.get("answer") is not None]
+        if not graded:
+            return
+        began = time.perf_counter()
+        results = self.grader.grade_batch(
+            [(graded_text(r), str(r["answer"])) for r in graded],
+            [r["finish_reason"] for r in graded],
+        )
+        for row, result in zip(graded, results, strict=True):
+            row.update(
+                reward=1.0 if result.correct else 0.0,
+                correct=bool(result.correct),
+                grade_status=result.status,
+                extracted=result.extracted,
+            )
+        self.num_graded += len(graded)
+        self.num_correct += sum(1 for r in results if r.correct)
+        self.grade_s += time.perf_counter() - began
+
+
+async def rollout_and_grade(
+    engines: list[Any],
+    items: list[dict[str, Any]],
+    tokenizer: Any,
+    agent_config: Any,
+    sched_config: Any,
+    tools: Any,
+    sink: GradedSink,
+    on_tick: Callable[[Any], None] | None = None,
+    on_record: Callable[[dict[str, Any]], None] | None = None,
+) -> Any:
+    """Roll `items` out on running engines into `sink` (flushed at the end); `on_record` is told
+    of each finished record too. Returns the driver's `RolloutStats`."""
+    from rstar2cli.scheduler.rollout import run_rollout
+
+    def take(record: dict[str, Any]) -> None:
+        sink.add(record)
+        if on_record is not None:
+            on_record(record)
+
+    stats = await run_rollout(
+        engines,
+        items,
+        tokenizer,
+        agent_config,
+        sched_config,
+        tools,
+        on_record=take,
+        on_tick=on_tick,
+    )
+    sink.flush()
+    return stats
+
+
+def in_item_order(rows: list[dict[str, Any]], items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Rows sorted as their items were (finish order is not reproducible; item order is)."""
+    rank = {(str(it["id"]), int(it["sample"])): i for i, it in enumerate(items)}
+    return sorted(rows, key=lambda r: rank[(str(r["id"]), int(r["sample"]))])
+
+
+def run_command_job(
+    name: str,
+    start_engines: Callable[[], Any],
+    tool_urls: list[str],
+    items: list[dict[str, Any]],
+    tokenizer: Any,
+    agent_config: Any,
+    sched_config: Any,
+    sink: GradedSink,
+    console: Any,
+) -> Any:
+    """A one-shot command's run: engines and tools up, `items` rolled out into `sink` with a
+    progress line, everything shut down. Returns `RolloutStats`; raises `Interrupted` on
+    Ctrl-C / SIGTERM after writing what had finished."""
+    from rstar2cli.agent.loop import make_tool_runner
+    from rstar2cli.scheduler.rollout import rollout_session
+
+    async def main() -> Any:
+        task = asyncio.current_task()
+        assert task is not None
+        _on_stop_signals(lambda: _interrupt(sink, task))
+        async with rollout_session(
+            start_engines,
+            make_tool_runner(tool_urls, timeout_s=agent_config.tool_timeout_s or 10.0),
+        ) as (engines, tools):
+            with RolloutProgress(name, console, len(items)) as progress:
+                stats = await rollout_and_grade(
+                    engines,
+                    items,
+                    tokenizer,
+                    agent_config,
+                    sched_config,
+                    tools,
+                    sink,
+                    on_tick=progress.tick,
+                    on_record=lambda _: progress.done(),
+                )
+            _report_engine_errors(console, engines)
+            return stats
+
+    try:
+        return asyncio.run(main())
+    except (asyncio.CancelledError, KeyboardInterrupt):
+        sink.close_intake()
+        sink.flush()
+        raise Interrupted(
+            f"interrupted: {sink.num_written} finished trajectories kept, "
+            f"{len(items) - sink.num_written} not run; rerun the same command to resume"
+        ) from None
+
+
+def _report_engine_errors(console: Any, engines: list[Any]) -> None:
+    from rich.markup import escape
+
+    for e in engines:
+        last = getattr(e, "last_error", None)
+        if last:
+            num = e.metrics().get("num_errors", 0)
+            console.print(f"[yellow]{e.name}: {num:.0f} failed requests, last: {escape(last)}[/]")
+
+
+def _interrupt(sink: GradedSink, task: asyncio.Task[Any]) -> None:
+    sink.close_intake()
+    task.cancel()
+
+
+def _on_stop_signals(handler: Callable[[], None]) -> None:
+    """SIGINT and SIGTERM call `handler` in the running loop (main thread only; elsewhere the
+    default behaviour stays)."""
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        try:
+            loop.add_signal_handler(sig, handler)
+        except (ValueError, RuntimeError, NotImplementedError):
+            return
+
+
+class RolloutProgress:
+    """One progress line for every rollout: trajectories done, tool calls in flight, KV use
+    (reserved by the scheduler / used by the engine) per engine."""
+
+    def __init__(self, name: str, console: Any, total: int):
+        from rstar2cli.ui import progress_bar
+
+        self.progress = progress_bar(name, "{task.description}", console=console)
+        self.task = self.progress.add_task("starting", total=total)
+
+    def __enter__(self) -> RolloutProgress:
+        self.progress.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.progress.stop()
+
+    def done(self) -> None:
+        self.progress.advance(self.task)
+
+    def tick(self, snap: Any) -> None:
+        kv = " ".join(
+            f"e{i} {led / cap:.0%}/{eng / cap:.0%}"
+            for i, (led, eng, cap) in enumerate(
+                zip(
+                    snap.ledger_used_tokens,
+                    snap.engine_used_tokens,
+                    snap.capacity_tokens,
+                    strict=False,
+                )
+            )
+        )
+        self.progress.update(
+            self.task, description=f"tools {snap.num_tool_in_flight} | KV reserved/used {kv}"
+        )
