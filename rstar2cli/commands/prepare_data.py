@@ -50,11 +50,12 @@ def prepare_data(
     dedupe: bool = typer.Option(
         True, "--dedupe/--no-dedupe", help="Drop repeated questions (normalised text)."
     ),
-    decontaminate: list[Path] | None = typer.Option(
+    decontaminate: list[str] | None = typer.Option(
         None,
         "--decontaminate",
-        metavar="FILE",
-        help="Eval file (jsonl/json/parquet); drop questions sharing an 8-gram with it. Repeatable.",
+        metavar="FILE|NAME",
+        help="Eval set: a jsonl/json/parquet file or a benchmark name `rstar2 eval` knows "
+        "(aime24, math500, ...); drop questions sharing an 8-gram with it. Repeatable.",
     ),
     synthetic: str | None = typer.Option(
         None,
@@ -168,17 +169,22 @@ def _load_hf(dataset_id: str, config: str | None, split: str) -> list[dict]:
     return ds.to_list()
 
 
-def _eval_grams(paths: list[Path]) -> set[tuple[str, ...]]:
+def _eval_grams(sets: list[str]) -> set[tuple[str, ...]]:
+    """8-grams of the eval questions: each set a local file or a benchmark `rstar2 eval` knows."""
     from rstar2cli.data import normalize
+    from rstar2cli.eval.benchmarks import BENCHMARKS, load_benchmark
     from rstar2cli.fileio import read_records
 
     questions: list[str] = []
-    for path in paths:
-        rows, _ = read_records(path)
+    for ref in sets:
+        if ref in BENCHMARKS and not Path(ref).exists():
+            questions += [p["question"] for p in load_benchmark(ref).problems]
+            continue
+        rows, _ = read_records(ref)
         found = [normalize.find_question(r)[0] for r in rows]
         questions += [q for q in found if q]
         if not any(found):
-            raise UserError(f"--decontaminate {path}: no questions found (problem/question/prompt)")
+            raise UserError(f"--decontaminate {ref}: no questions found (problem/question/prompt)")
     return normalize.eval_ngrams(questions)
 
 

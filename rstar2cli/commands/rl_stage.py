@@ -119,11 +119,21 @@ def _resolve_init(init_from: Path, reset_optimizer: bool) -> tuple[str, Path | N
 
 
 def _check_inputs(recipe: RlRecipe) -> None:
-    missing = [
-        p for p in (recipe.data.train, recipe.data.eval) if p is not None and not Path(p).is_file()
-    ]
+    from rstar2cli.eval.benchmarks import BENCHMARKS
+
+    held_out = recipe.data.eval if recipe.data.eval not in BENCHMARKS else None
+    missing = [p for p in (recipe.data.train, held_out) if p is not None and not Path(p).is_file()]
     if missing:
         raise UserError(f"data file(s) not found: {', '.join(missing)}")
     from rstar2cli.agent.inputs import check_model_folder
+    from rstar2cli.options import model_context_tokens
 
     check_model_folder(recipe.model)
+    context = model_context_tokens(recipe.model)
+    r = recipe.rollout
+    if context is not None and r.max_prompt_tokens + r.max_response_tokens > context:
+        raise UserError(
+            f"rollout.max_prompt_tokens + rollout.max_response_tokens = "
+            f"{r.max_prompt_tokens + r.max_response_tokens} exceeds the model's context of "
+            f"{context} tokens (max_position_embeddings in {recipe.model}/config.json)"
+        )

@@ -21,6 +21,7 @@ from typing import Literal
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from rstar2cli.recipe import RecipeModel
+from rstar2cli.scheduler.engines import DEFAULT_KV_CACHE_TOKENS
 from rstar2cli.scheduler.scheduler import SchedulerConfig
 
 
@@ -30,7 +31,9 @@ class RlDataConfig(RecipeModel):
         "'answer' (and 'id'), e.g. from `rstar2 prepare-data` or `rstar2 filter-hard`."
     )
     eval: str | None = Field(
-        None, description="Held-out problems for the accuracy curve (same format); None: no eval."
+        None,
+        description="Held-out problems for the accuracy curve: a local file (same format) or a "
+        "benchmark name `rstar2 eval` knows (aime24, math500, ...); None: no eval.",
     )
     max_problems: int | None = Field(
         None, ge=1, description="Use only the first N training problems (None: all)."
@@ -77,7 +80,7 @@ class RolloutConfig(RecipeModel):
         1, ge=1, description="Inference engines (one per GPU, or per CPU box)."
     )
     kv_cache_tokens: int = Field(
-        65536,
+        DEFAULT_KV_CACHE_TOKENS,
         ge=16,
         description="KV cache per engine in tokens (sized by bytes, so engines share a box).",
     )
@@ -91,9 +94,10 @@ class RolloutConfig(RecipeModel):
         "kv", description="Rollout scheduler: kv is the paper's KV-cache-aware one (section 4.2)."
     )
     kv_mode: Literal["full", "per_turn", "incremental"] = Field(
-        "full",
-        description="kv scheduler reservation: full (the paper's prompt + max response), "
-        "per_turn, or incremental (context + next step).",
+        SchedulerConfig.kv_mode,
+        description="kv scheduler reservation: incremental (context + next step; what "
+        "benchmarks/scheduler.py ranks fastest), per_turn, or full (the paper's prompt + max "
+        "response).",
     )
     kv_overcommit: float = Field(
         SchedulerConfig.kv_overcommit,

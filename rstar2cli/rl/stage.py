@@ -449,13 +449,23 @@ def prepare_stage(recipe: RlRecipe) -> StageInputs:
     train = load_problems(d.train, max_problems=d.max_problems)
     eval_problems: list[dict[str, Any]] = []
     if d.eval is not None and recipe.eval.every_steps > 0:
-        eval_problems = load_problems(d.eval, max_problems=recipe.eval.num_problems)
+        eval_problems = _held_out(d.eval, recipe.eval.num_problems)
     tokenizer = AutoTokenizer.from_pretrained(recipe.model)
     problems, num_long = drop_long_prompts(train, tokenizer, d.template, max_prompt)
     if not problems:
         raise UserError(f"every problem of {d.train} has a prompt over {max_prompt} tokens")
     eval_problems, _ = drop_long_prompts(eval_problems, tokenizer, d.template, max_prompt)
     return StageInputs(tokenizer, problems, eval_problems, num_long)
+
+
+def _held_out(source: str, num_problems: int | None) -> list[dict[str, Any]]:
+    """A benchmark `rstar2 eval` knows, by name, or a local problem file."""
+    from rstar2cli.agent.inputs import load_problems
+    from rstar2cli.eval.benchmarks import BENCHMARKS, load_benchmark
+
+    if source in BENCHMARKS:
+        return load_benchmark(source).problems[:num_problems]
+    return load_problems(source, max_problems=num_problems)
 
 
 def run_stage(recipe: RlRecipe, opts: StageOptions, inputs: StageInputs) -> Path:

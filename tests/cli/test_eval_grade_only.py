@@ -185,7 +185,19 @@ def test_finished_results_are_skipped_and_summarised_for_every_label(tmp_path):
     ]
     _write_jsonl(out / "results.jsonl", rows)
     res = _cli(
-        "eval", "--model", fake_model, "--data", data, "--out", out, "--samples", 2, "--k", 1, "--k", 2
+        "eval",
+        "--model",
+        fake_model,
+        "--data",
+        data,
+        "--out",
+        out,
+        "--samples",
+        2,
+        "--k",
+        1,
+        "--k",
+        2,
     )
     assert res.returncode == 0, res.stderr
     assert "0 trajectories to run" in _flat(res.stdout)
@@ -213,7 +225,17 @@ def test_finished_results_are_skipped_and_summarised_for_every_label(tmp_path):
 
     # the same label with other sampling settings is refused, before any work
     again = _cli(
-        "eval", "--model", fake_model, "--data", data, "--out", out, "--samples", 2, "--temperature", 1.0
+        "eval",
+        "--model",
+        fake_model,
+        "--data",
+        data,
+        "--out",
+        out,
+        "--samples",
+        2,
+        "--temperature",
+        1.0,
     )
     lines = [ln for ln in again.stderr.splitlines() if ln.strip()]
     assert again.returncode == 2 and len(lines) == 1 and "temperature=0.6" in lines[0]

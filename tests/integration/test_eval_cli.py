@@ -113,8 +113,18 @@ def test_eval_tiny_model_real_daemon_then_resume(tmp_path, tiny_model_dir, eval_
     assert set(s["pass_at_k"]) == {"pass@1", "pass@3"} and set(s["maj_at_k"]) == {"maj@1", "maj@3"}
     assert sum(s["finish_reasons"].values()) == 9
     assert s["avg_at_n"] == pytest.approx(sum(r["correct"] for r in rows) / 9)
-    assert summary["settings"]["n"] == 3 and summary["settings"]["max_turns"] == 3
+    assert summary["settings"]["samples"] == 3 and summary["settings"]["max_turns"] == 3
     assert "gsm8k_mini" in again.stdout and "avg@n" in again.stdout
+
+    # the same label from another model would relabel these results: refused before any work
+    import shutil
+
+    other = shutil.copytree(tiny_model_dir, tmp_path / "other-model")
+    swapped = run_cli(*[other if a == tiny_model_dir else a for a in common], "--samples", 4)
+    lines = [ln for ln in swapped.stderr.splitlines() if ln.strip()]
+    assert swapped.returncode == 2 and len(lines) == 1, swapped.stderr
+    assert "label 'tiny-sft'" in lines[0] and "other-model" in lines[0]
+    assert len(_rows(out)) == 9
 
 
 def _free_port() -> int:

@@ -84,7 +84,8 @@ def test_rollout_two_vllm_engines_real_daemon_then_resume(tmp_path, tiny_model_d
             assert r["answer"] == next(p["answer"] for p in problems if p["id"] == r["id"])
             assert 1 <= r["num_turns"] <= 3 and len(r["tool_calls"]) <= 2
         stats = json.loads((tmp_path / "traces.stats.json").read_text())
-        assert stats["settings"]["scheduler"] == "kv" and stats["makespan_s"] > 0
+        assert stats["run"]["scheduler"] == "kv" and stats["makespan_s"] > 0
+        assert stats["settings"]["temperature"] == 1.0 and stats["settings"]["seed"] == 1
         assert len(stats["engine_busy_s"]) == 2 and all(b > 0 for b in stats["engine_busy_s"])
 
         # resume: --n 3 adds only sample 2 of each problem; nothing is rewritten
@@ -99,6 +100,12 @@ def test_rollout_two_vllm_engines_real_daemon_then_resume(tmp_path, tiny_model_d
         assert len(rows) == 9 and len({(r["id"], r["sample"]) for r in rows}) == 9
         third = run_cli(*common, "--samples", 3, "--sandbox", daemon.url)
         assert third.returncode == 0 and "nothing to do" in third.stdout
+        assert out.read_text() == text
+        # more samples with another temperature would mix two kinds of sample: refused
+        changed = run_cli(*common, "--samples", 4, "--temperature", 0.5, "--sandbox", daemon.url)
+        lines = [ln for ln in changed.stderr.splitlines() if ln.strip()]
+        assert changed.returncode == 2 and len(lines) == 1, changed.stderr
+        assert "temperature=1.0, now 0.5" in lines[0]
         assert out.read_text() == text
 
 
