@@ -6,8 +6,9 @@ ranks), packs each into rows (`rstar2cli.sft.packing`) and accumulates gradients
 token-level mean over all target tokens of the global batch, whatever the packing. AdamW (a torch
 optimizer object: DeepSpeed's CPU Adam would compile for ~40 s), cosine schedule with linear
 warm-up, gradient clipping and ZeRO stage come from the recipe; bf16 on GPU, fp32 on CPU
-(`DS_ACCELERATOR=cpu`, gloo). One process needs no launcher; several come from the DeepSpeed
-launcher (`deepspeed --num_gpus N --no_python --no_local_rank rstar2 sft-coldstart ...`).
+(`DS_ACCELERATOR=cpu`, gloo). One process needs no launcher; several come from torchrun
+(`torchrun --nproc_per_node N --no-python rstar2 sft-coldstart ...`, which sets RANK, WORLD_SIZE,
+LOCAL_RANK and the rendezvous; tested with 2 CPU ranks in tests/integration/test_paper_pipeline.py).
 
 Every `checkpoint.every_steps` it saves model, optimizer, scheduler, RNG states and the step
 (which fixes the data position, since the order is a function of seed and epoch). Rerunning the
