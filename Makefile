@@ -22,7 +22,7 @@ test: install
 	$(BIN)/python -m pytest -q -ra $(PYTEST_ARGS)
 
 test-unit: install
-	$(BIN)/python -m pytest -q -m "not integration" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -m "unit or cli" $(PYTEST_ARGS)
 
 lint: install
 	$(BIN)/ruff check rstar2cli sandboxd tests benchmarks

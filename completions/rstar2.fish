@@ -13,7 +13,7 @@ complete -c rstar2 -n '__fish_seen_subcommand_from prepare-data' -l answer-field
 complete -c rstar2 -n '__fish_seen_subcommand_from prepare-data' -l integer-only -d 'Keep only integer answers (the papers RL data rule)'
 complete -c rstar2 -n '__fish_seen_subcommand_from prepare-data' -l dedupe -d 'Drop repeated questions (normalised text)'
 complete -c rstar2 -n '__fish_seen_subcommand_from prepare-data' -l no-dedupe -d 'Drop repeated questions (normalised text)'
-complete -c rstar2 -n '__fish_seen_subcommand_from prepare-data' -l decontaminate -d 'Eval file (jsonl/json/parquet); drop questions sharing an 8-gram with ' -r -F
+complete -c rstar2 -n '__fish_seen_subcommand_from prepare-data' -l decontaminate -d 'Eval set a jsonl/json/parquet file or a benchmark name rstar2 eval ' -r -F
 complete -c rstar2 -n '__fish_seen_subcommand_from prepare-data' -l synthetic -d 'Generate a synthetic task set (e.g' -r -F
 complete -c rstar2 -n '__fish_seen_subcommand_from prepare-data' -l num -d 'Synthetic number of problems (train + test; ~20% test)' -r -F
 complete -c rstar2 -n '__fish_seen_subcommand_from prepare-data' -l seed -d 'Synthetic random seed' -r -F

@@ -14,6 +14,20 @@ os.environ.setdefault("DO_NOT_TRACK", "1")
 
 REPO = Path(__file__).resolve().parents[1]
 EVAL_DATA = REPO.parent / "shared" / "data" / "eval"
+# NOTE: the folder is the tier: every test is marked with its folder's name, and only that way
+# (`pytest -m "unit or cli"` is the fast set, `-m integration` the real-engine one).
+TIERS = ("unit", "cli", "sandboxd", "integration", "gpu")
+
+
+def pytest_collection_modifyitems(config, items):
+    tests = Path(__file__).resolve().parent
+    for item in items:
+        folder = Path(str(item.fspath)).resolve().relative_to(tests).parts[0]
+        if folder not in TIERS:
+            raise pytest.UsageError(
+                f"{item.nodeid}: tests live in one of tests/{{{','.join(TIERS)}}}"
+            )
+        item.add_marker(folder)
 
 
 @pytest.fixture(scope="session")

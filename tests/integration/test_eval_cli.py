@@ -32,8 +32,6 @@ def _flat(text: str) -> str:
     return " ".join(text.split())
 
 
-pytestmark = pytest.mark.integration
-
 RECORD_KEYS = TRAJECTORY_KEYS | {
     "label",
     "benchmark",

@@ -19,11 +19,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 import yaml
 from clihelpers import OFFLINE
-
-pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
 TRAIN, TEST = REPO / "data" / "arith.parquet", REPO / "data" / "arith.test.parquet"

@@ -16,7 +16,6 @@ from rstar2cli import pipeline
 from rstar2cli.commands.quickstart import REPO_RECIPES
 
 
-@pytest.mark.integration
 @pytest.mark.timeout(3600)
 def test_quickstart_rl_beats_sft_and_a_rerun_resumes(tmp_path):
     out = tmp_path / "qs"

@@ -4,8 +4,6 @@ import pytest
 
 from rstar2cli import protocol as P
 
-pytestmark = pytest.mark.integration
-
 
 def test_vllm_loads_tiny_model_offline(tiny_model_dir, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")

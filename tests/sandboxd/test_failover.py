@@ -11,8 +11,6 @@ from sandboxd.client import SandboxClient, SandboxUnreachable
 from sandboxd.protocol import Job
 from sandboxd.server import spawn_daemon
 
-pytestmark = pytest.mark.integration
-
 
 @pytest.mark.parametrize("stream", [False, True], ids=["batch", "stream"])
 def test_kill_one_daemon_mid_burst_loses_nothing(stream):

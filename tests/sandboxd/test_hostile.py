@@ -17,7 +17,6 @@ import uuid
 import pytest
 from sbhelpers import SECRET, leftover_job_pids, run_jobs
 
-pytestmark = pytest.mark.integration
 _gate_passed = False
 
 

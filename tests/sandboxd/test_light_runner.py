@@ -22,8 +22,6 @@ from sbhelpers import (
     run_jobs,
 )
 
-pytestmark = pytest.mark.integration
-
 HEAVY = "\n# numpy"  # a trailing comment naming numpy routes a job to the zygote; lines stay put
 FACTS = (
     "import os, resource\n"

@@ -6,12 +6,8 @@ import asyncio
 import os
 import signal
 
-import pytest
-
 from sandboxd.pool import LocalSandbox, Pool, PoolConfig
 from sandboxd.protocol import Job
-
-pytestmark = pytest.mark.integration
 
 
 def test_local_sandbox_runs_batches_in_order():

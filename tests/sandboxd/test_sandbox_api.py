@@ -13,8 +13,6 @@ from sbhelpers import post_json, run_jobs
 from sandboxd.runner import PRECOMPILE_MAX_CHARS
 from sandboxd.server import spawn_daemon
 
-pytestmark = pytest.mark.integration
-
 
 def test_results_keep_order_and_carry_all_fields(daemon):
     jobs = [{"code": f"print({i} * {i})"} for i in range(20)]

@@ -9,7 +9,6 @@ import subprocess
 import sys
 import urllib.request
 
-import pytest
 from typer.testing import CliRunner
 
 from rstar2cli.cli import app
@@ -37,7 +36,6 @@ def test_serve_sandbox_module_imports_nothing_heavy():
     assert out.strip() == "[]"
 
 
-@pytest.mark.integration
 def test_serve_sandbox_serves_and_stops_cleanly():
     cmd = [
         sys.executable,
@@ -71,7 +69,6 @@ def _serve_cmd(*args: str) -> list[str]:
     return [sys.executable, "-c", "from rstar2cli.cli import main; main()", "serve-sandbox", *args]
 
 
-@pytest.mark.integration
 def test_ctrl_c_to_the_terminal_group_stops_quietly():
     # A terminal's Ctrl-C sends SIGINT to the whole foreground process group.
     import os

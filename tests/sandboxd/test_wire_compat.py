@@ -7,7 +7,6 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 from sbhelpers import post_json
 
-pytestmark = pytest.mark.integration
 fusion = pytest.importorskip("sandbox_fusion")
 
 
