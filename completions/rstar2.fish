@@ -49,7 +49,7 @@ complete -c rstar2 -n '__fish_seen_subcommand_from rollout' -l kv-mode -d 'kv sc
 complete -c rstar2 -n '__fish_seen_subcommand_from rollout' -l kv-overcommit -d 'incremental/per_turn reserve up to this multiple of each engines KV;' -r -F
 complete -c rstar2 -n '__fish_seen_subcommand_from rollout' -l kv-cache-tokens -d 'KV cache per engine in tokens default the engines size, at least on' -r -F
 complete -c rstar2 -n '__fish_seen_subcommand_from rollout' -l max-turns -d 'Most model turns per trajectory' -r -F
-complete -c rstar2 -n '__fish_seen_subcommand_from rollout' -l max-response-tokens -d 'Response budget, model + tool tokens default 12288, clipped to the m' -r -F
+complete -c rstar2 -n '__fish_seen_subcommand_from rollout' -l max-response-tokens -d 'Response budget, model + tool tokens default 8192, clipped to the mo' -r -F
 complete -c rstar2 -n '__fish_seen_subcommand_from rollout' -l temperature -d 'Sampling temperature (0 greedy)' -r -F
 complete -c rstar2 -n '__fish_seen_subcommand_from rollout' -l top-p -d 'Nucleus sampling' -r -F
 complete -c rstar2 -n '__fish_seen_subcommand_from rollout' -l seed -d 'Sampling seed (mixed with problem id, sample and turn)' -r -F

@@ -3,9 +3,9 @@
 Every option that means the same thing has the same name and, where it is not a protocol setting,
 the same default in every command. Two sampling protocols are written here once:
 
-- rollouts (`rollout`, `filter-hard`): the paper's RL rollouts (arXiv 2508.20722, section 5):
-  temperature 1.0, 10 turns, and stage 2's 12K-token budget, which is what the paper's
-  hard-problem filter samples with;
+- rollouts (`rollout`, `filter-hard`): the paper's RL rollouts (arXiv 2508.20722, section 5),
+  the agent loop's defaults: temperature 1.0, 10 turns, stage 1's 8K-token budget (`filter-hard`:
+  stage 2's 12K, which is what the paper's hard-problem filter samples with);
 - evaluation (`eval`): the paper's protocol: 16 samples, temperature 0.6, 30 turns, 30K tokens.
 
 The sample count's default is the command's own (1 for `rollout`, 8 for `filter-hard` as the
@@ -28,12 +28,14 @@ from typing import Any
 
 import typer
 
+from rstar2cli.agent.loop import AgentConfig
 from rstar2cli.errors import UserError
 from rstar2cli.scheduler.scheduler import SchedulerConfig
 
-ROLLOUT_TEMPERATURE = 1.0
-ROLLOUT_MAX_TURNS = 10
-ROLLOUT_MAX_RESPONSE_TOKENS = 12288
+# rollouts: the agent loop's defaults (the paper's stage-1 RL rollouts)
+ROLLOUT = AgentConfig()
+# filter-hard samples as the paper's stage 2 does: its 12K-token budget
+FILTER_MAX_RESPONSE_TOKENS = 12288
 EVAL_SAMPLES = 16
 EVAL_TEMPERATURE = 0.6
 EVAL_MAX_TURNS = 30
@@ -109,7 +111,7 @@ KV_CACHE_TOKENS = typer.Option(
     show_default=False,
     help="KV cache per engine in tokens [default: the engine's size, at least one trajectory].",
 )
-TOP_P = typer.Option(1.0, "--top-p", min=0.0, max=1.0, help="Nucleus sampling.")
+TOP_P = typer.Option(ROLLOUT.top_p, "--top-p", min=0.0, max=1.0, help="Nucleus sampling.")
 SEED = typer.Option(0, "--seed", help="Sampling seed (mixed with problem id, sample and turn).")
 TEMPLATE = typer.Option(
     "paper", "--template", metavar="NAME", help="Prompt template: paper | release."
@@ -120,7 +122,9 @@ MAX_TOOL_OUTPUT_CHARS = typer.Option(
     min=0,
     help="Tool output kept per call (middle cut); 0 keeps all.",
 )
-TOOL_TIMEOUT = typer.Option(10.0, "--tool-timeout", help="Seconds one tool call may run (> 0).")
+TOOL_TIMEOUT = typer.Option(
+    ROLLOUT.tool_timeout_s, "--tool-timeout", help="Seconds one tool call may run (> 0)."
+)
 
 
 @dataclass(frozen=True)

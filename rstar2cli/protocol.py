@@ -1,6 +1,6 @@
 """The chat/tool protocol: prompt text, tool-call parsing, tool-response chunks, answer extraction.
 
-Follows the rStar2-Agent paper (DESIGN.md "Protocol"): Qwen/Hermes chat format, one Python tool,
+Follows the rStar2-Agent paper (arXiv 2508.20722, section 2 and the appendix prompt): Qwen/Hermes chat format, one Python tool,
 `<reason>`/`<answer>` tags, `\\boxed{}` answers. Where the paper and the public release differ the
 difference is a `template` setting ("paper" or "release").
 
@@ -57,7 +57,7 @@ TOOL_SCHEMA = {
     },
 }
 
-# The user turn is the paper's wording (DESIGN.md "Protocol").
+# The user turn is the paper's wording (arXiv 2508.20722, its prompt template).
 USER_TEMPLATE = (
     "You must put your answer inside <answer> </answer> tags, i.e., <answer> answer here </answer>. "
     "And your final answer will be extracted automatically by the \\boxed{{}} tag.\n"
@@ -268,7 +268,7 @@ class TrajectoryLayout:
     """Response token ids and loss mask of a multi-turn trajectory, built by appending ids.
 
     NOTE: invariant len(response_ids) == len(loss_mask); model tokens have mask 1, tool-response
-    chunks mask 0 (DESIGN.md "Protocol").
+    chunks mask 0 (the paper trains on model tokens only).
     """
 
     prompt_ids: list[int]

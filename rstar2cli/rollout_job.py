@@ -242,7 +242,7 @@ def run_command_job(
         _on_stop_signals(lambda: _interrupt(sink, task))
         async with rollout_session(
             start_engines,
-            make_tool_runner(tool_urls, timeout_s=agent_config.tool_timeout_s or 10.0),
+            make_tool_runner(tool_urls, timeout_s=agent_config.tool_timeout_s),
         ) as (engines, tools):
             with RolloutProgress(name, console, len(items)) as progress:
                 stats = await rollout_and_grade(

