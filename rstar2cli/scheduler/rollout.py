@@ -93,12 +93,18 @@ async def rollout_session(
     """Engines and a tool batcher for one run of `run_rollout` (or many, as rl-stage does).
 
     On exit, error or interrupt included, the tool runner is closed and every engine that started
-    is shut down, so no engine process or sandbox pool outlives the command.
+    is shut down, so no engine process or sandbox pool outlives the command; if the command is
+    killed outright, `rstar2cli.procguard` kills them.
     """
+    from rstar2cli.procguard import guard_descendants
+
     engines: list[Any] = []
     try:
         started = start_engines()
         engines = await started if inspect.isawaitable(started) else started
+        # NOTE: engine cores, Ray daemons and actors started so far die with this process, even
+        # under kill -9 (they would otherwise live on under PID 1)
+        guard_descendants()
         yield engines, ToolBatcher(tool_runner)
     finally:
         await tool_runner.close()

@@ -83,3 +83,56 @@ def test_interrupts_keep_only_finished_work_and_the_rerun_completes(tmp_path, ti
     assert sorted((r["id"], r["sample"]) for r in rows) == sorted(
         (p["id"], s) for p in problems for s in range(SAMPLES)
     )
+
+
+def test_kill_9_of_the_command_takes_its_engine_processes_along(tmp_path, tiny_model_dir):
+    from rstar2cli.procguard import descendants
+
+    data = tmp_path / "p.jsonl"
+    write_problems(data, num=NUM_PROBLEMS)
+    out = tmp_path / "traces.jsonl"
+    proc = subprocess.Popen(
+        [
+            *RSTAR2, "rollout", "--model", str(tiny_model_dir), "--data", str(data),
+            "--out", str(out), "--samples", str(SAMPLES), "--max-response-tokens", "96",
+            "--kv-cache-tokens", "8192",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env={**os.environ, **OFFLINE},
+        start_new_session=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 400
+        while not _rows(out):  # engines up, trajectories finishing
+            assert proc.poll() is None and time.monotonic() < deadline
+            time.sleep(0.2)
+        below = descendants(proc.pid)
+        names = [Path(f"/proc/{p}/cmdline").read_bytes()[:200] for p in below]
+        assert any(b"vllm" in n.lower() or b"EngineCore" in n for n in names), names
+        os.kill(proc.pid, signal.SIGKILL)  # the command alone, as `kill -9 PID` does
+        proc.wait()
+        deadline = time.monotonic() + 30
+        while (left := [p for p in below if _alive(p)]) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not left
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        os.killpg(proc.pid, signal.SIGKILL) if _group_alive(proc.pid) else None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return True
