@@ -3,14 +3,16 @@
 Each command lives in `rstar2cli/commands/<name>.py` as one function whose module imports nothing
 heavy at top level (torch, vllm, transformers, deepspeed and ray are imported inside the
 function), so `rstar2 --help` and `--version` stay instant. `main()` turns a `UserError` into one
-red line and exit code 2, and any other exception into a one-line summary and exit code 1; the
-traceback is shown only with `--debug`. Tested in tests/cli/.
+red line and exit code 2 (130 for an interrupt), and any other exception into a one-line summary
+and exit code 1; the traceback is shown only with `--debug`. vLLM logs warnings and errors only
+unless VLLM_LOGGING_LEVEL says otherwise (`--debug`: everything). Tested in tests/cli/.
 """
 
 from __future__ import annotations
 
+import os
 import sys
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import typer
 
@@ -71,6 +73,18 @@ app.command("eval")(eval_command.eval_cmd)
 app.command("quickstart")(quickstart.quickstart)
 
 
+def _plain_flags(command: Any) -> None:
+    """`--force` in the help, not `--force <bool>`: switches take no value, so they show no type
+    (Typer prints one for every option, the built-in --help included)."""
+    from typer._click import Context
+
+    for cmd in [command, *getattr(command, "commands", {}).values()]:
+        help_option = cmd.get_help_option(Context(cmd))
+        for param in [*cmd.params, *([help_option] if help_option else [])]:
+            if getattr(param, "is_bool_flag", False) and param.metavar is None:
+                param.metavar = ""
+
+
 def main(argv: list[str] | None = None) -> NoReturn:
     """Console-script entry point with one-line errors."""
     from rich.console import Console
@@ -83,8 +97,10 @@ def main(argv: list[str] | None = None) -> NoReturn:
     if debug:  # accepted anywhere on the line, as the error hint says; it is the root's option
         args = ["--debug", *(a for a in args if a != "--debug")]
     err = Console(stderr=True, highlight=False, soft_wrap=True)
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "DEBUG" if debug else "WARNING")
     try:
-        app(args=args, prog_name="rstar2", standalone_mode=True)
+        _plain_flags(command := typer.main.get_command(app))
+        command.main(args=args, prog_name="rstar2", standalone_mode=True)
     except SystemExit as exc:
         raise exc
     except UserError as exc:

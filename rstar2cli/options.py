@@ -30,6 +30,7 @@ import typer
 
 from rstar2cli.agent.loop import AgentConfig
 from rstar2cli.errors import UserError
+from rstar2cli.scheduler.engines import DEFAULT_KV_CACHE_TOKENS
 from rstar2cli.scheduler.scheduler import SchedulerConfig
 
 # rollouts: the agent loop's defaults (the paper's stage-1 RL rollouts)
@@ -63,8 +64,8 @@ def max_response_tokens_option(default: int) -> Any:
         "--max-response-tokens",
         min=1,
         show_default=False,
-        help=f"Response budget, model + tool tokens [default: {default}, clipped to the "
-        "model's context with a warning].",
+        help=f"Response budget, model + tool tokens (default: {default}, clipped to the "
+        "model's context with a warning).",
     )
 
 
@@ -109,7 +110,8 @@ KV_CACHE_TOKENS = typer.Option(
     "--kv-cache-tokens",
     min=1,
     show_default=False,
-    help="KV cache per engine in tokens [default: the engine's size, at least one trajectory].",
+    help=f"KV cache per engine in tokens (default: {DEFAULT_KV_CACHE_TOKENS}, or one whole "
+    "trajectory if more).",
 )
 TOP_P = typer.Option(ROLLOUT.top_p, "--top-p", min=0.0, max=1.0, help="Nucleus sampling.")
 SEED = typer.Option(0, "--seed", help="Sampling seed (mixed with problem id, sample and turn).")

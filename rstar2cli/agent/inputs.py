@@ -1,5 +1,5 @@
-"""Inputs shared by the commands that drive the agent loop (rollout, eval, rl-stage, filter-hard):
-problem files and a sandbox reachability check, both failing with one line before any work.
+"""Inputs shared by the commands: problem files, model folders and hub ids, Hugging Face datasets,
+and a sandbox reachability check, each failing with one line before any work.
 
 What it does not do: normalise arbitrary schemas (that is `prepare-data`; these files already have
 `question` and, for training, `answer`). Tested through tests/cli and tests/integration.
@@ -52,6 +52,12 @@ def check_model_folder(model: str | Path) -> None:
         raise UserError(f"no config.json in {model}: not a Hugging Face model folder")
 
 
+def _hub_offline() -> bool:
+    import os
+
+    return os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on")
+
+
 def check_model_source(model: str) -> None:
     """A local model folder (as `check_model_folder`) or a Hugging Face hub id that is cached or
     that the hub answers for, checked with one request and no retries (one-line error). Without
@@ -60,14 +66,12 @@ def check_model_source(model: str) -> None:
     if path.exists() or model.startswith(("/", "./", "../", "~")) or model.count("/") > 1:
         check_model_folder(path)  # a path, not a hub id ("org/name" has one slash at most)
         return
-    import os
-
     import huggingface_hub as hub
     from huggingface_hub.errors import EntryNotFoundError, RepositoryNotFoundError
 
     if isinstance(hub.try_to_load_from_cache(model, "config.json"), str):
         return
-    if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on"):
+    if _hub_offline():
         raise UserError(
             f"model {model!r} is neither a local folder nor in the Hugging Face cache "
             "(HF_HUB_OFFLINE is set)"
@@ -84,6 +88,36 @@ def check_model_source(model: str) -> None:
         raise UserError(
             f"model {model!r} is not a local folder, and the Hugging Face hub could not be "
             f"asked for it ({first_line(exc)})"
+        ) from exc
+
+
+def load_hub_dataset(
+    dataset_id: str, config: str | None, split: str, what: str
+) -> list[dict[str, Any]]:
+    """Rows of a Hugging Face dataset (`what` names it in errors). Unless HF_HUB_OFFLINE is set
+    (the local cache only), the hub is asked once, with no retries, before `datasets` goes to
+    it: an unreachable hub or a missing dataset is one line in a second, not ~25 s of retries."""
+    import datasets
+
+    if not _hub_offline():
+        import huggingface_hub as hub
+        from huggingface_hub.errors import RepositoryNotFoundError
+
+        try:
+            hub.HfApi().dataset_info(dataset_id, timeout=10)
+        except RepositoryNotFoundError as exc:
+            raise UserError(f"{what}: no dataset {dataset_id!r} on the Hugging Face hub") from exc
+        except Exception as exc:  # connection, DNS, proxy, auth: many types
+            raise UserError(
+                f"{what}: the Hugging Face hub could not be asked for {dataset_id!r} "
+                f"({first_line(exc)}); set HF_HUB_OFFLINE=1 to use the local cache"
+            ) from exc
+    try:
+        return datasets.load_dataset(dataset_id, config, split=split).to_list()
+    except Exception as exc:  # hub, cache, auth (gated sets) and schema errors: many types
+        raise UserError(
+            f"{what}: cannot load {dataset_id!r} (config={config}, split={split}): "
+            f"{first_line(exc)}"
         ) from exc
 
 

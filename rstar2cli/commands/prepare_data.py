@@ -17,7 +17,7 @@ from typing import Any
 
 import typer
 
-from rstar2cli.errors import UserError, first_line
+from rstar2cli.errors import UserError
 from rstar2cli.fileio import check_output_path, refuse_overwrite
 
 _LOCAL_SUFFIXES = (".jsonl", ".json", ".parquet")
@@ -148,25 +148,15 @@ def _load_source(source: str, config: str | None, split: str) -> tuple[list[dict
     if _is_local(source):
         rows, bad_lines = read_records(path)
         return rows, bad_lines, path.stem
-    return _load_hf(source, config, split), [], source.rsplit("/", 1)[-1]
+    from rstar2cli.agent.inputs import load_hub_dataset
+
+    rows = load_hub_dataset(source, config, split, "--source")
+    return rows, [], source.rsplit("/", 1)[-1]
 
 
 def _is_local(source: str) -> bool:
     path = Path(source)
     return path.exists() or path.suffix.lower() in _LOCAL_SUFFIXES
-
-
-def _load_hf(dataset_id: str, config: str | None, split: str) -> list[dict]:
-    import datasets
-
-    try:
-        ds = datasets.load_dataset(dataset_id, config, split=split)
-    except Exception as exc:  # hub, network and schema errors come in many types
-        raise UserError(
-            f"cannot load HF dataset {dataset_id!r} (config={config}, split={split}): "
-            f"{first_line(exc)}"
-        ) from exc
-    return ds.to_list()
 
 
 def _eval_grams(sets: list[str]) -> set[tuple[str, ...]]:

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rstar2cli.errors import UserError, first_line
+from rstar2cli.errors import UserError
 
 
 @dataclass
@@ -73,14 +73,9 @@ def load_benchmark(name: str) -> Benchmark:
     """Problems of a known benchmark, from the HF hub (or the local HF cache)."""
     check_names([name])
     spec = BENCHMARKS[name]
-    import datasets
+    from rstar2cli.agent.inputs import load_hub_dataset
 
-    try:
-        rows = datasets.load_dataset(spec.dataset_id, spec.config, split=spec.split).to_list()
-    except Exception as exc:  # hub, auth (GPQA is gated), network: many types
-        raise UserError(
-            f"cannot load benchmark {name} ({spec.dataset_id}): {first_line(exc)}"
-        ) from exc
+    rows = load_hub_dataset(spec.dataset_id, spec.config, spec.split, f"benchmark {name}")
     if spec.multiple_choice:
         rows = [multiple_choice_row(r) for r in rows]
     return normalize_problems(rows, name, spec.dataset_id, spec.question_field, spec.answer_field)

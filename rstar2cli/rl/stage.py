@@ -167,6 +167,7 @@ class StageRun:
         self.trainers: Any = None
         self.gas = 1
         self.engines: list[Any] = []
+        self.saved_step = 0  # the newest checkpoint's step: where a rerun resumes
 
     # -- set-up ---------------------------------------------------------------------------
 
@@ -228,6 +229,9 @@ class StageRun:
 
             init_ray(self.opts.ray_address, r.rollout.num_engines + r.train.num_trainer_ranks)
         start, push_first = self._start_trainers()
+        self.saved_step = start
+        if start:
+            print(f"rl-stage: resuming from step {start} (checkpoint in {self.ckpt_dir})")
         try:
             async with rollout_session(
                 lambda: make_engines(
@@ -413,6 +417,7 @@ class StageRun:
             "rng": rng_state(),
         }
         self.trainers.save_checkpoint(self.ckpt_dir, step, client)
+        self.saved_step = step
         prune_checkpoints(self.ckpt_dir, r.checkpoint.keep_last)
         self._plot()
 
@@ -475,4 +480,11 @@ def run_stage(recipe: RlRecipe, opts: StageOptions, inputs: StageInputs) -> Path
     if inputs.num_long:
         print(f"rl-stage: skipped {inputs.num_long} problems with prompts over {max_prompt} tokens")
     run = StageRun(recipe, opts, inputs.problems, inputs.eval_problems, inputs.tokenizer)
-    return asyncio.run(run.run())
+    try:
+        return asyncio.run(run.run())
+    except (KeyboardInterrupt, asyncio.CancelledError):
+        from rstar2cli.rollout_job import Interrupted
+
+        raise Interrupted(
+            f"rl-stage interrupted; rerun the same command to resume from step {run.saved_step}"
+        ) from None

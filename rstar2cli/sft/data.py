@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from rstar2cli import protocol as P
-from rstar2cli.errors import UserError, first_line
+from rstar2cli.errors import UserError
 from rstar2cli.sft.convert import Call, Chat, ConvertError, Message, convert_record
 from rstar2cli.sft.recipe import DataConfig, DataSource
 
@@ -150,20 +150,12 @@ def load_records(source: DataSource) -> tuple[list[dict[str, Any]], list[tuple[i
     if path.exists() or path.suffix.lower() in RECORD_SUFFIXES:
         records, bad = read_records(path)
     else:
-        records, bad = _load_hf(source), []
+        from rstar2cli.agent.inputs import load_hub_dataset
+
+        records, bad = load_hub_dataset(source.path, source.config, source.split, "SFT data"), []
     if source.max_records is not None:
         records = records[: source.max_records]
     return records, bad
-
-
-def _load_hf(source: DataSource) -> list[dict[str, Any]]:
-    import datasets
-
-    try:
-        ds = datasets.load_dataset(source.path, source.config, split=source.split)
-    except Exception as exc:  # hub, network and schema errors come in many types
-        raise UserError(f"cannot load HF dataset {source.path!r}: {first_line(exc)}") from exc
-    return ds.to_list()
 
 
 def _source_chats(source: DataSource, records: list[dict], cfg: DataConfig, seed: int):

@@ -274,6 +274,20 @@ def test_bad_hf_id_is_one_line_error(tmp_path):
     assert not (tmp_path / "h.parquet").exists()
 
 
+def test_unreachable_hub_is_one_line_without_retries(tmp_path):
+    # a hub that does not answer (loopback discard port): one request, then one line; the
+    # datasets library alone would retry for ~25 s with a warning per attempt
+    env = {"HF_ENDPOINT": "http://127.0.0.1:9", "HF_HOME": str(tmp_path / "hf")}
+    proc = _cli("--source", "some-org/some-set", "--out", tmp_path / "h.parquet", env=env)
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr
+    assert (
+        "hub could not be asked for 'some-org/some-set'" in lines[0]
+        and "Retrying" not in proc.stderr
+    )
+    assert not (tmp_path / "h.parquet").exists()
+
+
 def test_synthetic_writes_train_and_test(tmp_path):
     out = tmp_path / "arith.parquet"
     result = _invoke("--synthetic", "arith", "--num", "50", "--seed", "1", "--out", out)
