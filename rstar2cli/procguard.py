@@ -142,7 +142,7 @@ def _unread_lines() -> list[tuple[int, int]]:
     fd = sys.stdin.fileno()
     os.set_blocking(fd, False)
     try:  # lines the reader had buffered but not yet handed out come first
-        data = sys.stdin.buffer.peek()
+        data = sys.stdin.buffer.peek()  # type: ignore[union-attr]
     except (BlockingIOError, OSError, ValueError):
         data = b""
     while True:

@@ -237,9 +237,7 @@ def run_command_job(
     from rstar2cli.scheduler.rollout import rollout_session
 
     async def main() -> Any:
-        task = asyncio.current_task()
-        assert task is not None
-        _on_stop_signals(lambda: _interrupt(sink, task))
+        cancel_on_stop_signals(sink.close_intake)
         async with rollout_session(
             start_engines,
             make_tool_runner(tool_urls, timeout_s=agent_config.tool_timeout_s),
@@ -280,18 +278,22 @@ def _report_engine_errors(console: Any, engines: list[Any]) -> None:
             console.print(f"[yellow]{e.name}: {num:.0f} failed requests, last: {escape(last)}[/]")
 
 
-def _interrupt(sink: GradedSink, task: asyncio.Task[Any]) -> None:
-    sink.close_intake()
-    task.cancel()
+def cancel_on_stop_signals(before: Callable[[], None] = lambda: None) -> None:
+    """From now on SIGINT and SIGTERM call `before`, then cancel the running task (the command's
+    main task), whose cleanup shuts the engines down. Installed even where the shell started the
+    command with SIGINT ignored (a background job): the engine processes set their own handlers
+    and stop on it, so the command must stop cleanly too. Main thread only; elsewhere it does
+    nothing."""
+    loop, task = asyncio.get_running_loop(), asyncio.current_task()
+    assert task is not None
 
+    def stop() -> None:
+        before()
+        task.cancel()
 
-def _on_stop_signals(handler: Callable[[], None]) -> None:
-    """SIGINT and SIGTERM call `handler` in the running loop (main thread only; elsewhere the
-    default behaviour stays)."""
-    loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         try:
-            loop.add_signal_handler(sig, handler)
+            loop.add_signal_handler(sig, stop)
         except (ValueError, RuntimeError, NotImplementedError):
             return
 

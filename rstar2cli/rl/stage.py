@@ -220,9 +220,11 @@ class StageRun:
     async def run(self) -> Path:
         from rstar2cli.agent.loop import make_tool_runner
         from rstar2cli.reward.grader import Grader
+        from rstar2cli.rollout_job import cancel_on_stop_signals
         from rstar2cli.scheduler.engines import make_engines
         from rstar2cli.scheduler.rollout import rollout_session
 
+        cancel_on_stop_signals()  # Ctrl-C / SIGTERM: stop between awaits; a rerun resumes
         r = self.recipe
         if self.opts.ray_address is not None or r.train.num_trainer_ranks > 1:
             from rstar2cli.rl.workers import init_ray

@@ -27,8 +27,6 @@ tests/integration/test_ray_engines.py.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
@@ -141,31 +139,12 @@ def make_engines(
     engines: list[Engine] = []
     try:
         for kwargs in settings:
-            # NOTE: SIGINT is blocked while an engine spawns its processes, which inherit the
-            # mask: a Ctrl-C on the terminal reaches only this process, which stops the run and
-            # shuts the engines down itself (a pending Ctrl-C lands right after the start).
-            with _sigint_blocked():
-                engines.append(build_engine(kind, **kwargs))
+            engines.append(build_engine(kind, **kwargs))
     except BaseException:
         for engine in engines:
             close_now(engine)
         raise
     return engines
-
-
-@contextmanager
-def _sigint_blocked() -> Iterator[None]:
-    import signal
-    import threading
-
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
-    try:
-        yield
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
 @dataclass(frozen=True)
