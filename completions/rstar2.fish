@@ -47,9 +47,9 @@ complete -c rstar2 -n '__fish_seen_subcommand_from rollout' -l ray-address -d 'R
 complete -c rstar2 -n '__fish_seen_subcommand_from rollout' -l scheduler -d 'kv (KV-cache-aware) | static | least-requests' -r -F
 complete -c rstar2 -n '__fish_seen_subcommand_from rollout' -l kv-mode -d 'kv scheduler reservation incremental (context + next step) | full (th' -r -F
 complete -c rstar2 -n '__fish_seen_subcommand_from rollout' -l kv-overcommit -d 'incremental/per_turn reserve up to this multiple of each engines KV;' -r -F
-complete -c rstar2 -n '__fish_seen_subcommand_from rollout' -l kv-cache-tokens -d 'KV cache per engine in tokens default the engines size, at least on' -r -F
+complete -c rstar2 -n '__fish_seen_subcommand_from rollout' -l kv-cache-tokens -d 'KV cache per engine in tokens (default 65536, or one whole trajectory' -r -F
 complete -c rstar2 -n '__fish_seen_subcommand_from rollout' -l max-turns -d 'Most model turns per trajectory' -r -F
-complete -c rstar2 -n '__fish_seen_subcommand_from rollout' -l max-response-tokens -d 'Response budget, model + tool tokens default 8192, clipped to the mo' -r -F
+complete -c rstar2 -n '__fish_seen_subcommand_from rollout' -l max-response-tokens -d 'Response budget, model + tool tokens (default 8192, clipped to the mo' -r -F
 complete -c rstar2 -n '__fish_seen_subcommand_from rollout' -l temperature -d 'Sampling temperature (0 greedy)' -r -F
 complete -c rstar2 -n '__fish_seen_subcommand_from rollout' -l top-p -d 'Nucleus sampling' -r -F
 complete -c rstar2 -n '__fish_seen_subcommand_from rollout' -l seed -d 'Sampling seed (mixed with problem id, sample and turn)' -r -F
@@ -76,9 +76,9 @@ complete -c rstar2 -n '__fish_seen_subcommand_from filter-hard' -l ray-address -
 complete -c rstar2 -n '__fish_seen_subcommand_from filter-hard' -l scheduler -d 'kv (KV-cache-aware) | static | least-requests' -r -F
 complete -c rstar2 -n '__fish_seen_subcommand_from filter-hard' -l kv-mode -d 'kv scheduler reservation incremental (context + next step) | full (th' -r -F
 complete -c rstar2 -n '__fish_seen_subcommand_from filter-hard' -l kv-overcommit -d 'incremental/per_turn reserve up to this multiple of each engines KV;' -r -F
-complete -c rstar2 -n '__fish_seen_subcommand_from filter-hard' -l kv-cache-tokens -d 'KV cache per engine in tokens default the engines size, at least on' -r -F
+complete -c rstar2 -n '__fish_seen_subcommand_from filter-hard' -l kv-cache-tokens -d 'KV cache per engine in tokens (default 65536, or one whole trajectory' -r -F
 complete -c rstar2 -n '__fish_seen_subcommand_from filter-hard' -l max-turns -d 'Most model turns per trajectory' -r -F
-complete -c rstar2 -n '__fish_seen_subcommand_from filter-hard' -l max-response-tokens -d 'Response budget, model + tool tokens default 12288, clipped to the m' -r -F
+complete -c rstar2 -n '__fish_seen_subcommand_from filter-hard' -l max-response-tokens -d 'Response budget, model + tool tokens (default 12288, clipped to the m' -r -F
 complete -c rstar2 -n '__fish_seen_subcommand_from filter-hard' -l temperature -d 'Sampling temperature (0 greedy)' -r -F
 complete -c rstar2 -n '__fish_seen_subcommand_from filter-hard' -l top-p -d 'Nucleus sampling' -r -F
 complete -c rstar2 -n '__fish_seen_subcommand_from filter-hard' -l seed -d 'Sampling seed (mixed with problem id, sample and turn)' -r -F
@@ -101,9 +101,9 @@ complete -c rstar2 -n '__fish_seen_subcommand_from eval' -l ray-address -d 'Run 
 complete -c rstar2 -n '__fish_seen_subcommand_from eval' -l scheduler -d 'kv (KV-cache-aware) | static | least-requests' -r -F
 complete -c rstar2 -n '__fish_seen_subcommand_from eval' -l kv-mode -d 'kv scheduler reservation incremental (context + next step) | full (th' -r -F
 complete -c rstar2 -n '__fish_seen_subcommand_from eval' -l kv-overcommit -d 'incremental/per_turn reserve up to this multiple of each engines KV;' -r -F
-complete -c rstar2 -n '__fish_seen_subcommand_from eval' -l kv-cache-tokens -d 'KV cache per engine in tokens default the engines size, at least on' -r -F
+complete -c rstar2 -n '__fish_seen_subcommand_from eval' -l kv-cache-tokens -d 'KV cache per engine in tokens (default 65536, or one whole trajectory' -r -F
 complete -c rstar2 -n '__fish_seen_subcommand_from eval' -l max-turns -d 'Most model turns per trajectory' -r -F
-complete -c rstar2 -n '__fish_seen_subcommand_from eval' -l max-response-tokens -d 'Response budget, model + tool tokens default 30000, clipped to the m' -r -F
+complete -c rstar2 -n '__fish_seen_subcommand_from eval' -l max-response-tokens -d 'Response budget, model + tool tokens (default 30000, clipped to the m' -r -F
 complete -c rstar2 -n '__fish_seen_subcommand_from eval' -l temperature -d 'Sampling temperature (0 greedy)' -r -F
 complete -c rstar2 -n '__fish_seen_subcommand_from eval' -l top-p -d 'Nucleus sampling' -r -F
 complete -c rstar2 -n '__fish_seen_subcommand_from eval' -l seed -d 'Sampling seed (mixed with problem id, sample and turn)' -r -F
