@@ -236,8 +236,10 @@ def run_command_job(
     from rstar2cli.agent.loop import make_tool_runner
     from rstar2cli.scheduler.rollout import rollout_session
 
+    stop = StopSignals()
+
     async def main() -> Any:
-        cancel_on_stop_signals(sink.close_intake)
+        stop.arm(sink.close_intake)
         async with rollout_session(
             start_engines,
             make_tool_runner(tool_urls, timeout_s=agent_config.tool_timeout_s),
@@ -259,13 +261,17 @@ def run_command_job(
 
     try:
         return asyncio.run(main())
-    except (asyncio.CancelledError, KeyboardInterrupt):
+    except BaseException as exc:
+        if not stop.stopped(exc):
+            raise
         sink.close_intake()
         sink.flush()
         raise Interrupted(
             f"interrupted: {sink.num_written} finished trajectories kept, "
             f"{len(items) - sink.num_written} not run; rerun the same command to resume"
         ) from None
+    finally:
+        stop.disarm()
 
 
 def _report_engine_errors(console: Any, engines: list[Any]) -> None:
@@ -278,24 +284,47 @@ def _report_engine_errors(console: Any, engines: list[Any]) -> None:
             console.print(f"[yellow]{e.name}: {num:.0f} failed requests, last: {escape(last)}[/]")
 
 
-def cancel_on_stop_signals(before: Callable[[], None] = lambda: None) -> None:
-    """From now on SIGINT and SIGTERM call `before`, then cancel the running task (the command's
-    main task), whose cleanup shuts the engines down. Installed even where the shell started the
-    command with SIGINT ignored (a background job): the engine processes set their own handlers
-    and stop on it, so the command must stop cleanly too. Main thread only; elsewhere it does
-    nothing."""
-    loop, task = asyncio.get_running_loop(), asyncio.current_task()
-    assert task is not None
+class StopSignals:
+    """SIGINT and SIGTERM during a run: the first calls `before` and cancels the run's main task
+    (its cleanup shuts the engines down); a second one raises KeyboardInterrupt at once.
 
-    def stop() -> None:
-        before()
-        task.cancel()
+    `arm()` inside the running loop's main task, `disarm()` once the loop is done (it puts the
+    earlier handlers back). Armed even where the shell started the command with SIGINT ignored (a
+    background job): the engine processes set their own handlers and stop on it, so the command
+    must stop cleanly too. `requested` tells the caller that an error came from such a stop (an
+    engine that died of the same Ctrl-C while it started). Main thread only; elsewhere a no-op.
+    """
 
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        try:
-            loop.add_signal_handler(sig, stop)
-        except (ValueError, RuntimeError, NotImplementedError):
+    def __init__(self) -> None:
+        self.requested = False
+        self._old: dict[int, Any] = {}
+
+    def arm(self, before: Callable[[], None] = lambda: None) -> None:
+        import threading
+
+        if threading.current_thread() is not threading.main_thread():
             return
+        loop, task = asyncio.get_running_loop(), asyncio.current_task()
+        assert task is not None
+
+        def handler(signum: int, frame: Any) -> None:
+            if self.requested:
+                raise KeyboardInterrupt  # asked twice: stop now
+            self.requested = True
+            before()
+            loop.call_soon_threadsafe(task.cancel)
+
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            self._old[sig] = signal.signal(sig, handler)
+
+    def disarm(self) -> None:
+        for sig, old in self._old.items():
+            signal.signal(sig, old)
+        self._old.clear()
+
+    def stopped(self, exc: BaseException) -> bool:
+        """Did the run end because of a stop signal?"""
+        return self.requested or isinstance(exc, (KeyboardInterrupt, asyncio.CancelledError))
 
 
 class RolloutProgress:

@@ -36,7 +36,7 @@ from rstar2cli.rl.roc import (
     tool_error_share,
 )
 from rstar2cli.rl.trainer import TrainSample, UpdateSums
-from rstar2cli.rollout_job import seed_base
+from rstar2cli.rollout_job import Interrupted, StopSignals, seed_base
 
 
 @dataclass
@@ -168,6 +168,7 @@ class StageRun:
         self.gas = 1
         self.engines: list[Any] = []
         self.saved_step = 0  # the newest checkpoint's step: where a rerun resumes
+        self.stop = StopSignals()
 
     # -- set-up ---------------------------------------------------------------------------
 
@@ -220,11 +221,10 @@ class StageRun:
     async def run(self) -> Path:
         from rstar2cli.agent.loop import make_tool_runner
         from rstar2cli.reward.grader import Grader
-        from rstar2cli.rollout_job import cancel_on_stop_signals
         from rstar2cli.scheduler.engines import make_engines
         from rstar2cli.scheduler.rollout import rollout_session
 
-        cancel_on_stop_signals()  # Ctrl-C / SIGTERM: stop between awaits; a rerun resumes
+        self.stop.arm()  # Ctrl-C / SIGTERM: stop between awaits; a rerun resumes
         r = self.recipe
         if self.opts.ray_address is not None or r.train.num_trainer_ranks > 1:
             from rstar2cli.rl.workers import init_ray
@@ -484,9 +484,11 @@ def run_stage(recipe: RlRecipe, opts: StageOptions, inputs: StageInputs) -> Path
     run = StageRun(recipe, opts, inputs.problems, inputs.eval_problems, inputs.tokenizer)
     try:
         return asyncio.run(run.run())
-    except (KeyboardInterrupt, asyncio.CancelledError):
-        from rstar2cli.rollout_job import Interrupted
-
+    except BaseException as exc:
+        if not run.stop.stopped(exc):
+            raise
         raise Interrupted(
             f"rl-stage interrupted; rerun the same command to resume from step {run.saved_step}"
         ) from None
+    finally:
+        run.stop.disarm()
