@@ -75,6 +75,13 @@ def test_grade_only_adds_correct_and_extracted_and_prints_accuracy(tmp_path):
     assert [g["extracted"] for g in graded] == ["18", "3.0", "70,001", None]
     assert [g["idx"] for g in graded] == [0, 1, 2, 3]  # other fields kept
 
+    # an existing output is kept unless --force
+    before = dst.read_text()
+    again = _cli("eval", "--grade-only", src, "--out", dst)
+    assert again.returncode == 2 and "output exists" in again.stderr and dst.read_text() == before
+    forced = _cli("eval", "--grade-only", src, "--out", dst, "--force")
+    assert forced.returncode == 0 and dst.read_text() == before
+
 
 def test_bad_inputs_fail_with_one_line_before_any_work(tmp_path):
     data = tmp_path / "tiny.jsonl"
