@@ -18,8 +18,9 @@ frees weights and KV on a GPU) and `push()` wakes their weights, syncs, then wak
 
 What it does not do: the update itself (rstar2cli/rl/trainer.py), start engines or choose
 placement (rstar2cli/scheduler/placement.py).
-Tested in tests/unit/test_rl_sync.py (the phase order and the fallback choice, on in-process
-stand-ins) and tests/integration/test_ray_cluster.py (rl-stage on a 3-node Ray cluster).
+Tested in tests/integration/test_vllm_engine.py (two vLLM-CPU engines and a transformers engine:
+colocated sleep -> wake -> broadcast, the disk fallback in the same push; a tensor-parallel engine)
+and tests/integration/test_rl_stage.py (rl-stage on a 3-node Ray cluster, ZeRO-3 ranks).
 """
 
 from __future__ import annotations
@@ -115,6 +116,9 @@ class WeightSync:
             )
             _check(sent, receiving, received)
             row["weight_checksum"] = sent
+            row["engine_weight_checksums"] = {
+                e.name: sums for e, sums in zip(receiving, received, strict=True)
+            }
         rest = [e for e in self.engines if e not in receiving]
         if rest:
             weights = self.trainers.named_weights()

@@ -304,9 +304,9 @@ class PolicyTrainer:
     def send_weights(self, group: Any | None, plan: SyncPlan) -> int | None:
         """Collective (every rank, ZeRO-3 gathers per bucket): rank 0, holding the transfer group,
         broadcasts the full weights bucket by bucket (rstar2cli/scheduler/weight_sync.py)."""
-        from rstar2cli.scheduler.weight_sync import send_module
+        from rstar2cli.scheduler.weight_sync import moves_device_tensors, send_module
 
-        on_device = group is not None and type(group).__name__ == "ProcessGroupNCCL"
+        on_device = group is not None and moves_device_tensors(group)
         device = self.engine.device if on_device else "cpu"
         return send_module(self.engine.module, group, plan, self.cfg.zero_stage == 3, device)
 

@@ -5,14 +5,20 @@ One small Protocol (`Engine`) with three implementations:
 - `HfEngine` (hf_engine.py): transformers, a continuous-batching loop over a KV token budget it
   accounts itself; for machines without vLLM.
 - `RayEngine` (ray_engine.py): either of the above inside one Ray actor, behind a thin async proxy.
-`make_engines` starts N of one kind (in this process or as Ray actors); `EngineSpec` carries a
-command's engine options until the longest prompt, hence `max_model_len`, is known.
+`make_engines` starts N of one kind (in this process or as Ray actors) with their placement:
+tensor_parallel_size, GPUs and memory share in this process, placement groups under Ray
+(placement.py); `EngineSpec` carries a command's engine options until the longest prompt, hence
+`max_model_len`, is known.
 
 Every engine stops on `<|im_end|>` (always, in addition to `SamplingSpec.stop_token_ids`); when it
 stops on a stop id, that id is the last entry of `GenOutput.token_ids`.
 
 `metrics()` reports at least METRIC_KEYS (counts are totals since start; prefix queries/hits are
 in tokens). A Ray proxy reports its actor's.
+
+Beyond the Protocol, vLLM engines (and their Ray proxies) take part in the broadcast weight sync
+(`num_weight_receivers`, `join_weight_group`, `receive_weights`; rstar2cli/rl/sync.py) and sleep
+between phases when colocated; an engine without them gets `update_weights`.
 
 What this module does not do: admission control. The scheduler keeps its own KV ledger against
 `kv_capacity_tokens()`; `kv_used_tokens()` and `metrics()` are for stats and plots only.

@@ -25,7 +25,7 @@ writable) on every alive node by a zero-CPU task pinned to it (`check_paths_on_n
 
 What it does not do: start actors (ray_engine.py, rstar2cli/rl/workers.py) or pick the number of
 engines. Tested in tests/unit/test_placement.py (the plans and device choices, on the CPU) and
-tests/integration/test_ray_cluster.py (a 3-node Ray cluster on one machine).
+tests/integration/test_rl_stage.py (a 3-node Ray cluster on one machine).
 """
 
 from __future__ import annotations

@@ -50,7 +50,7 @@ class WeightSyncWorker:
         group = getattr(worker, "_rstar2_weight_group", None)
         if group is None:
             raise RuntimeError("rstar2_join_weight_group must come before rstar2_receive_weights")
-        device = worker.device if ws_backend_is_device(group) else "cpu"
+        device = worker.device if ws.moves_device_tensors(group) else "cpu"
         sums: list[int] = []
         stream = ws.receive(group, plan, device, sums)
         tie = bool(getattr(worker.model_config.hf_config, "tie_word_embeddings", False))
@@ -67,11 +67,6 @@ class WeightSyncWorker:
     def rstar2_leave_weight_group(self) -> None:
         worker: Any = self
         worker._rstar2_weight_group = None
-
-
-def ws_backend_is_device(group: Any) -> bool:
-    """NCCL groups move device tensors; gloo ones host tensors (vLLM's loader copies them over)."""
-    return type(group).__name__ == "ProcessGroupNCCL"
 
 
 def _with_tied_head(stream: Any) -> Any:

@@ -41,13 +41,15 @@ def test_pack_unpack_round_trip_casts_to_the_wire_dtype():
 
     tensors = [torch.randn(3, 5), torch.randn(7)]
     plan = ws.plan_buckets([("x", (3, 5)), ("y", (7,))], "bfloat16", 10**6)
-    buffer = ws.pack(tensors, plan.buckets[0], "cpu")
+    scratch = ws.empty_buffer(30, "bfloat16", "cpu")
+    buffer = ws.pack(tensors, plan.buckets[0], scratch)
     assert buffer.dtype == torch.bfloat16 and buffer.shape == (22,)
+    assert buffer.data_ptr() == scratch.data_ptr()  # packed in place, no new allocation
     (nx, x), (ny, y) = ws.unpack(buffer, plan.buckets[0])
     assert (nx, ny) == ("x", "y")
     assert torch.equal(x, tensors[0].to(torch.bfloat16)) and torch.equal(y, tensors[1].bfloat16())
     with pytest.raises(ValueError, match="shape"):
-        ws.pack([torch.zeros(2, 5), tensors[1]], plan.buckets[0], "cpu")
+        ws.pack([torch.zeros(2, 5), tensors[1]], plan.buckets[0], scratch)
 
 
 def test_checksum_sees_one_changed_value_and_the_bucket_order():
@@ -61,7 +63,10 @@ def test_checksum_sees_one_changed_value_and_the_bucket_order():
     assert ws.combine([ws.checksum(a), ws.checksum(b)]) != ws.combine(
         [ws.checksum(b), ws.checksum(a)]
     )
-    assert ws.checksum(torch.randn(3).bfloat16()) >= 0  # odd bf16 length: 16-bit words
+    odd = torch.randn(5).bfloat16()  # 10 bytes: one 64-bit word and a 2-byte tail
+    flipped = odd.clone()
+    flipped[4] = -flipped[4]  # a change in the tail only
+    assert ws.checksum(odd) != ws.checksum(flipped)
 
 
 def test_backend_is_nccl_only_for_distinct_gpus():
