@@ -41,6 +41,7 @@ from rstar2cli.rl.roc import (
     tool_error_share,
 )
 from rstar2cli.rl.trainer import TrainSample, UpdateSums
+from rstar2cli.scheduler.placement import absolute_path
 
 
 @dataclass
@@ -168,9 +169,9 @@ class StageRun:
         self.recipe, self.opts = recipe, opts
         self.problems, self.eval_problems, self.tokenizer = problems, eval_problems, tokenizer
         # NOTE: absolute, as Ray actors on other nodes read the model and write checkpoints
-        from rstar2cli.scheduler.placement import absolute_path
-
         opts.out = Path(opts.out).resolve()
+        if opts.init_checkpoint is not None:
+            opts.init_checkpoint = Path(opts.init_checkpoint).resolve()
         self.model = absolute_path(recipe.model)
         self.ckpt_dir = opts.out / "checkpoints"
         self.trainers: Any = None

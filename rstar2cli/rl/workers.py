@@ -134,8 +134,9 @@ class TrainerActor:
     def update(self, plan: Any, tokens: list[int]) -> UpdateSums:
         return self._built.update(plan, tokens)
 
-    def named_weights(self) -> dict[str, Any]:
-        return self._built.named_weights()
+    def named_weights(self) -> dict[str, Any] | None:
+        weights = self._built.named_weights()  # a ZeRO-3 gather: every rank takes part
+        return weights if self.rank == 0 else None
 
     def placement(self) -> dict[str, Any]:
         from rstar2cli.scheduler.placement import where_am_i
@@ -207,9 +208,10 @@ class RayTrainers:
         )
 
     def named_weights(self) -> dict[str, Any]:
+        """Rank 0's full copy; every rank is called, as ZeRO-3's gather is a collective."""
         import ray
 
-        return ray.get(self.actors[0].named_weights.remote())
+        return ray.get([a.named_weights.remote() for a in self.actors])[0]
 
     def placements(self) -> list[dict[str, Any]]:
         """Per rank: node id, the GPU ids Ray gave it, whether torch sees a GPU."""

@@ -172,20 +172,12 @@ def make_engines(
 def _local_devices(
     num_engines: int, tensor_parallel_size: int, devices: Sequence[int] | None
 ) -> list[tuple[int, ...]]:
-    from rstar2cli.scheduler.placement import local_engine_devices
-
-    num_visible = 0
-    if devices is not None or _has_cuda():
-        import torch
-
-        num_visible = torch.cuda.device_count()
-    return local_engine_devices(num_engines, tensor_parallel_size, devices, num_visible)
-
-
-def _has_cuda() -> bool:
     import torch
 
-    return torch.cuda.is_available()
+    from rstar2cli.scheduler.placement import local_engine_devices
+
+    num_visible = torch.cuda.device_count()  # 0 without CUDA
+    return local_engine_devices(num_engines, tensor_parallel_size, devices, num_visible)
 
 
 def _gpu_settings(

@@ -12,7 +12,7 @@ With Ray (`plan_bundles`, then `RayPlacement.reserve`):
   `tensor_parallel_size` GPUs (a bundle never spans nodes, so an engine's GPUs share a node),
   strategy SPREAD (engines on different nodes while there are nodes to spread over); then one for
   the trainer ranks, one GPU each, strategy PACK (fewest nodes for the trainer's collectives).
-  Engines are reserved first: packing the trainer first could leave the engines one node.
+  Engines are placed first: packing the trainer first could leave the engines a single node.
 - colocated: one placement group, one bundle per engine; the bundle's GPUs go to trainer ranks
   (one GPU each, so ranks = engines x tensor_parallel_size) and the engine actor takes no GPU of
   its own but runs on the GPUs of the ranks in its bundle (`devices`), with a smaller memory share.
@@ -259,9 +259,11 @@ class RayPlacement:
 
         gpus = [float(n["Resources"].get("GPU", 0)) for n in ray.nodes() if n["Alive"]]
         check_cluster_gpus(gpus, plan)
-        groups = [placement_group(list(g.bundles), strategy=g.strategy) for g in plan.groups]
+        groups = []
         try:
-            ray.get([g.ready() for g in groups], timeout=timeout_s)
+            for spec in plan.groups:  # one after the other: the engines' group is placed first
+                groups.append(placement_group(list(spec.bundles), strategy=spec.strategy))
+                ray.get(groups[-1].ready(), timeout=timeout_s)
         except ray.exceptions.GetTimeoutError:
             for g in groups:
                 remove_placement_group(g)

