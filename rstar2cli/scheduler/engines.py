@@ -142,8 +142,10 @@ def make_engines(
     model_path = str(model_path)
     base = dict(model_path=model_path, kv_cache_tokens=kv_cache_tokens, max_model_len=max_model_len)
     if ray_address is not None:
+        from rstar2cli.scheduler.placement import absolute_path
         from rstar2cli.scheduler.ray_engine import start_ray_engines
 
+        base["model_path"] = absolute_path(model_path)  # actors may run elsewhere
         share = memory_share([(0,)], colocated, gpu_memory_fraction)  # one engine per GPU
         settings = [
             {**base, "name": f"{kind}{i}", "seed": seed + i}

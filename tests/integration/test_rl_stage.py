@@ -146,7 +146,7 @@ def _run(cmd: list[str], timeout_s: float = 600, cwd: Path = REPO) -> subprocess
         stderr=subprocess.PIPE,
         text=True,
         start_new_session=True,
-        env=ENV,
+        env=_env(),
     )
     try:
         stdout, stderr = proc.communicate(timeout=timeout_s)
@@ -174,8 +174,14 @@ def _weights(folder: Path) -> dict:
 
 
 HF = ["--set", "rollout.engine=hf"]
-# One torch thread per process: the runs' trainer, engine and graders share 2 cores with others.
-ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
+
+
+def _env() -> dict[str, str]:
+    # One torch thread per process: the runs' trainer, engine and graders share 2 cores with others.
+    # NOTE: read at each run, not at import: a Ray session started earlier in this process (e.g.
+    # tests/integration/test_ray_engines.py) turns on Ray's token auth through os.environ, and a
+    # run joining a cluster this process started needs the same setting.
+    return {**os.environ, "OMP_NUM_THREADS": "1"}
 
 
 @pytest.fixture(scope="module")
@@ -230,7 +236,7 @@ def test_kill_during_step_two_then_resume_matches(setup, uninterrupted):
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         start_new_session=True,
-        env=ENV,
+        env=_env(),
     )
     try:
         deadline = time.monotonic() + 600
