@@ -39,12 +39,16 @@ class TinySize:
 
 
 # "tiny": ~0.4M params, the CPU default. "small": for GPU checks of the engines with a bigger model.
+# "100m": ~102M params (408 MB in fp32), the weight-sync benchmark's (benchmarks/weight_sync.py).
 SIZES = {
     "tiny": TinySize(
         hidden_size=128, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=256
     ),
     "small": TinySize(
         hidden_size=512, num_layers=8, num_heads=8, num_kv_heads=4, intermediate_size=1536
+    ),
+    "100m": TinySize(
+        hidden_size=1024, num_layers=8, num_heads=16, num_kv_heads=8, intermediate_size=3072
     ),
 }
 

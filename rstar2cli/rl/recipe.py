@@ -88,6 +88,23 @@ class RolloutConfig(RecipeModel):
     num_engines: int = Field(
         1, ge=1, description="Inference engines (one per GPU, or per CPU box)."
     )
+    tensor_parallel_size: int = Field(
+        1,
+        ge=1,
+        description="GPUs per engine, on one node (vllm only; the public release rolls out at 4).",
+    )
+    gpu_memory_fraction: float | None = Field(
+        None,
+        gt=0.0,
+        le=1.0,
+        description="Share of each GPU the engines on it may use (vLLM's gpu_memory_utilization, "
+        "split among engines sharing a GPU); None: 0.9, or 0.5 when colocated.",
+    )
+    colocate: bool = Field(
+        False,
+        description="Engines share the trainer ranks' GPUs (one rank per engine GPU) and sleep "
+        "while the trainer updates (vllm only; the public release's layout).",
+    )
     kv_cache_tokens: int = Field(
         DEFAULT_KV_CACHE_TOKENS,
         ge=16,
@@ -115,6 +132,12 @@ class RolloutConfig(RecipeModel):
         description="per_turn / incremental: reserve up to this multiple of each engine's KV "
         "(most requests end before using their whole step); 1.0 never lets an engine preempt.",
     )
+
+    @model_validator(mode="after")
+    def _vllm_only(self) -> RolloutConfig:
+        if self.engine != "vllm" and (self.tensor_parallel_size > 1 or self.colocate):
+            raise ValueError("tensor_parallel_size > 1 and colocate need engine: vllm")
+        return self
 
     @model_validator(mode="after")
     def _kv_fits_one_trajectory(self) -> RolloutConfig:
@@ -302,6 +325,20 @@ class RlRecipe(RecipeModel):
             raise ValueError(
                 f"num_mini_batches ({train.num_mini_batches}) exceeds the most rollouts a step "
                 f"can train on ({kept})"
+            )
+        return train
+
+    @field_validator("train")
+    @classmethod
+    def _train_vs_colocate(cls, train: RlTrainConfig, info: ValidationInfo) -> RlTrainConfig:
+        rollout = info.data.get("rollout")
+        if rollout is None or not rollout.colocate:
+            return train
+        gpus = rollout.num_engines * rollout.tensor_parallel_size
+        if train.num_trainer_ranks != gpus:
+            raise ValueError(
+                f"rollout.colocate puts one trainer rank on each engine GPU: num_trainer_ranks "
+                f"must be num_engines x tensor_parallel_size = {gpus}, not {train.num_trainer_ranks}"
             )
         return train
 

@@ -4,12 +4,17 @@ Each step (rStar2-Agent, arXiv 2508.20722, section 3):
   draw prompts (seeded per-epoch order; the data cursor is step x prompts) -> rollout n = 2G per
   prompt with the KV-aware scheduler and the tool -> tool-health gate -> grade (binary reward) ->
   drop equal-reward groups -> RoC down-sampling to G -> group advantages -> old log-probs and the
-  PPO-clip update on the trainer ranks -> push the new weights to every engine.
+  PPO-clip update on the trainer ranks -> push the new weights to every engine (a broadcast from
+  trainer rank 0 to the engines' workers, or the disk path: rstar2cli/rl/sync.py).
 Then, when due: held-out accuracy, one metrics row, a checkpoint (model, optimizer, LR schedule,
 RNG, data cursor, step) and the plots. Rerunning on the same OUT resumes from the newest
 checkpoint: the engines get the checkpoint's weights before the first rollout, and every random
 choice (prompt order, sampling seeds, RoC draws, mini-batch split) is a function of (seed, step),
 so on CPU a resumed run repeats an uninterrupted one.
+
+With Ray (`--ray-address`, or several trainer ranks) the run first checks that every node can read
+the model and write OUT, and reserves GPUs for engines and ranks (rstar2cli/scheduler/placement.py;
+one-line errors); OUT/placement.json records where each engine and rank landed.
 
 What it does not do: parse options or recipes (rstar2cli.commands.rl_stage), algorithms (the cores
 in roc.py / advantages.py / loss.py), DeepSpeed details (trainer.py), outputs (report.py).
@@ -37,6 +42,7 @@ from rstar2cli.rl.roc import (
 )
 from rstar2cli.rl.trainer import TrainSample, UpdateSums
 from rstar2cli.rollout_job import Interrupted, StopSignals, seed_base
+from rstar2cli.scheduler.placement import absolute_path
 
 
 @dataclass
@@ -163,8 +169,14 @@ class StageRun:
     ):
         self.recipe, self.opts = recipe, opts
         self.problems, self.eval_problems, self.tokenizer = problems, eval_problems, tokenizer
+        # NOTE: absolute, as Ray actors on other nodes read the model and write checkpoints
+        opts.out = Path(opts.out).resolve()
+        if opts.init_checkpoint is not None:
+            opts.init_checkpoint = Path(opts.init_checkpoint).resolve()
+        self.model = absolute_path(recipe.model)
         self.ckpt_dir = opts.out / "checkpoints"
         self.trainers: Any = None
+        self.sync: Any = None
         self.gas = 1
         self.engines: list[Any] = []
         self.saved_step = 0  # the newest checkpoint's step: where a rerun resumes
@@ -193,7 +205,7 @@ class StageRun:
             tool_timeout_s=r.tool_timeout_s,
         )
 
-    def _start_trainers(self) -> tuple[int, bool]:
+    def _start_trainers(self, placement: Any) -> tuple[int, bool]:
         """Build the ranks and load state; returns (first step, weights differ from recipe.model)."""
         from rstar2cli.rl.trainer import accumulation_steps
         from rstar2cli.rl.workers import make_trainers
@@ -202,7 +214,12 @@ class StageRun:
         r = self.recipe
         max_traj = r.rollout.num_prompts_per_step * kept_per_problem(r.rollout, r.roc)
         self.gas = accumulation_steps(max_traj, r.train, r.train.num_trainer_ranks)
-        self.trainers = make_trainers(r.model, r.train, self.gas, self.opts.ray_address)
+        options = None
+        if placement is not None:
+            options = [placement.options(slot) for slot in placement.plan.trainers]
+        self.trainers = make_trainers(
+            self.model, r.train, self.gas, self.opts.ray_address, actor_options=options
+        )
         client = self.trainers.load_checkpoint(self.ckpt_dir)
         if client is not None:
             set_rng_state(client["rng"])
@@ -221,36 +238,25 @@ class StageRun:
     async def run(self) -> Path:
         from rstar2cli.agent.loop import make_tool_runner
         from rstar2cli.reward.grader import Grader
-        from rstar2cli.scheduler.engines import make_engines
         from rstar2cli.scheduler.rollout import rollout_session
 
         self.stop.arm()  # Ctrl-C / SIGTERM: stop between awaits; a rerun resumes
         r = self.recipe
-        if self.opts.ray_address is not None or r.train.num_trainer_ranks > 1:
-            from rstar2cli.rl.workers import init_ray
-
-            init_ray(self.opts.ray_address, r.rollout.num_engines + r.train.num_trainer_ranks)
-        start, push_first = self._start_trainers()
+        placement = self._place() if self.uses_ray else None
+        start, push_first = self._start_trainers(placement)
         self.saved_step = start
         if start:
             print(f"rl-stage: resuming from step {start} (checkpoint in {self.ckpt_dir})")
         try:
             async with rollout_session(
-                lambda: make_engines(
-                    r.model,
-                    r.rollout.num_engines,
-                    kind=r.rollout.engine,
-                    ray_address=self.opts.ray_address,
-                    kv_cache_tokens=r.rollout.kv_cache_tokens,
-                    max_model_len=r.rollout.max_prompt_tokens + r.rollout.max_response_tokens,
-                    seed=r.train.seed,
-                ),
+                lambda: self._start_engines(placement),
                 make_tool_runner(
                     r.sandbox.urls,
                     timeout_s=r.rollout.tool_timeout_s,
                     num_workers=r.sandbox.num_local_workers,
                 ),
             ) as (self.engines, tools):
+                await self._start_sync()
                 if push_first:
                     await self._push_weights()
                 with (
@@ -277,6 +283,83 @@ class StageRun:
             return final
         finally:
             self.trainers.close()
+            if placement is not None:
+                placement.release()
+
+    @property
+    def uses_ray(self) -> bool:
+        return self.opts.ray_address is not None or self.recipe.train.num_trainer_ranks > 1
+
+    def _place(self) -> Any:
+        """Join Ray, check that every node sees the paths, reserve the GPUs (one-line errors)."""
+        from rstar2cli.rl.workers import init_ray
+        from rstar2cli.scheduler.placement import (
+            RayPlacement,
+            check_paths_on_nodes,
+            has_cluster_gpus,
+            plan_bundles,
+        )
+
+        r = self.recipe
+        init_ray(self.opts.ray_address, r.rollout.num_engines + r.train.num_trainer_ranks)
+        readable = [self.model] + [str(p) for p in (self.opts.init_checkpoint,) if p is not None]
+        check_paths_on_nodes(readable, writable=[str(self.opts.out)])
+        plan = plan_bundles(
+            r.rollout.num_engines,
+            r.rollout.tensor_parallel_size,
+            r.train.num_trainer_ranks,
+            has_cluster_gpus(),
+            colocate=r.rollout.colocate,
+        )
+        return RayPlacement.reserve(plan)
+
+    def _start_engines(self, placement: Any) -> list[Any]:
+        from rstar2cli.scheduler.engines import make_engines
+        from rstar2cli.scheduler.placement import colocated_devices, devices_beside_trainer
+
+        r = self.recipe
+        if placement is not None and placement.plan.colocated:
+            gpu_ids = [p["gpu_ids"] for p in self.trainers.placements()]
+            placement.engine_devices = colocated_devices(placement.plan, gpu_ids)
+        devices = None
+        if placement is None and not r.rollout.colocate:
+            import torch
+
+            devices = devices_beside_trainer(torch.cuda.device_count())
+        return make_engines(
+            self.model,
+            r.rollout.num_engines,
+            kind=r.rollout.engine,
+            ray_address=(self.opts.ray_address or "local") if self.uses_ray else None,
+            kv_cache_tokens=r.rollout.kv_cache_tokens,
+            max_model_len=r.rollout.max_prompt_tokens + r.rollout.max_response_tokens,
+            seed=r.train.seed,
+            tensor_parallel_size=r.rollout.tensor_parallel_size,
+            gpu_memory_fraction=r.rollout.gpu_memory_fraction,
+            devices=devices,
+            colocated=r.rollout.colocate,
+            placement=placement,
+        )
+
+    async def _start_sync(self) -> None:
+        """The broadcast group (or the disk fallback), and where everything landed (placement.json)."""
+        from rstar2cli.fileio import write_json_atomic
+        from rstar2cli.rl.sync import WeightSync
+
+        self.sync = WeightSync(self.trainers, self.engines, colocated=self.recipe.rollout.colocate)
+        await self.sync.setup()
+        broadcast = {e.name for e in self.sync.broadcast_engines}
+        write_json_atomic(
+            self.opts.out / "placement.json",
+            {
+                "engines": [
+                    {"name": e.name, "weight_sync": "broadcast" if e.name in broadcast else "disk"}
+                    | getattr(e, "placement", {})
+                    for e in self.engines
+                ],
+                "trainer_ranks": self.trainers.placements(),
+            },
+        )
 
     def _reporter(self, start: int) -> Any:
         from rstar2cli.rl.report import StageReporter
@@ -313,11 +396,12 @@ class StageRun:
         sel = select(records, r, step)
         row: dict[str, Any] = {"step": step + 1, **rollout_metrics(records, sel)}
         if sel.samples:
+            await self.sync.before_update()
             row.update(update_metrics(self._update(sel.samples, step)))
             update_s = time.perf_counter() - t0
             rep.phase("sync")
             t0 = time.perf_counter()
-            await self._push_weights()
+            row.update(await self._push_weights())
             sync_s = time.perf_counter() - t0
         else:
             update_s = sync_s = 0.0
@@ -364,9 +448,8 @@ class StageRun:
         )
         return self.trainers.update(plan, tokens)
 
-    async def _push_weights(self) -> None:
-        weights = self.trainers.named_weights()
-        await asyncio.gather(*(e.update_weights(weights) for e in self.engines))
+    async def _push_weights(self) -> dict[str, Any]:
+        return await self.sync.push()
 
     async def _evaluate(self, step: int, tools: Any, grader: Any, rep: Any) -> float:
         rep.phase("eval")

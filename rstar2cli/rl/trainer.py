@@ -17,7 +17,8 @@ ranks, so the loss is multiplied by gas * W: the update is then the gradient of 
 per-token clip terms of the mini-batch) / (model tokens of the mini-batch), i.e. the core loss
 averaged over all model tokens of the batch across micro-batches and ranks.
 
-Also: weights for the engines (`named_weights`, HF names), DeepSpeed checkpoints with client state
+Also: weights for the engines (`send_weights`: a broadcast sync, `named_weights`: the disk
+path's full copy, HF names), DeepSpeed checkpoints with client state
 (step, data cursor, RNG), loading a previous stage's checkpoint with or without its optimizer,
 and the final HF folder. One process needs no launcher (`setup_process_env`); several ranks are
 Ray actors (`rstar2cli.rl.workers`).
@@ -33,11 +34,14 @@ import os
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rstar2cli import protocol as P
 from rstar2cli.rl.loss import ppo_clip_loss, token_entropy, token_logprobs
 from rstar2cli.rl.recipe import RlTrainConfig
+
+if TYPE_CHECKING:
+    from rstar2cli.scheduler.weight_sync import SyncPlan
 
 
 @dataclass
@@ -290,6 +294,21 @@ class PolicyTrainer:
             return {
                 k: v.detach().to("cpu").clone() for k, v in self.engine.module.state_dict().items()
             }
+
+    def weight_plan(self, dtype: str) -> SyncPlan:
+        """The buckets a broadcast sync sends (the same on every rank)."""
+        from rstar2cli.scheduler.weight_sync import module_plan
+
+        return module_plan(self.engine.module, dtype)
+
+    def send_weights(self, group: Any | None, plan: SyncPlan) -> int | None:
+        """Collective (every rank, ZeRO-3 gathers per bucket): rank 0, holding the transfer group,
+        broadcasts the full weights bucket by bucket (rstar2cli/scheduler/weight_sync.py)."""
+        from rstar2cli.scheduler.weight_sync import moves_device_tensors, send_module
+
+        on_device = group is not None and moves_device_tensors(group)
+        device = self.engine.device if on_device else "cpu"
+        return send_module(self.engine.module, group, plan, self.cfg.zero_stage == 3, device)
 
     def save_checkpoint(self, ckpt_dir: Path, step: int, client_state: dict[str, Any]) -> None:
         """Collective: every rank calls it. Writes ckpt_dir/step<N> and ckpt_dir/latest."""

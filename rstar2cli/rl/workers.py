@@ -1,8 +1,10 @@
 """Where the trainer ranks live: in this process (one rank) or as Ray actors (several ranks).
 
 Both groups have the same small surface the stage loop uses: `world`, `update(plans, tokens)`,
-`named_weights()`, `save_checkpoint`, `load_checkpoint`, `save_hf`, `close`. Every call that is a
-collective under DeepSpeed (update, save, load) goes to all ranks at once.
+`named_weights()`, `save_checkpoint`, `load_checkpoint`, `save_hf`, `close`, and for the broadcast
+weight sync (rstar2cli/rl/sync.py) `weight_group_address`, `join_weight_group`, `weight_plan`,
+`send_weights`. Every call that is a collective under DeepSpeed (update, save, load, send_weights)
+goes to all ranks at once; rank 0 alone joins the transfer group.
 
 - `LocalTrainers`: one `PolicyTrainer` in the driver process; torch.distributed with world size 1
   (gloo on CPU, nccl on GPU), no launcher (`setup_process_env`).
@@ -23,6 +25,7 @@ from typing import Any
 
 from rstar2cli.rl.recipe import RlTrainConfig
 from rstar2cli.rl.trainer import PolicyTrainer, UpdateSums
+from rstar2cli.scheduler.weight_sync import GroupAddress, SyncPlan, free_port, open_group
 
 
 def init_distributed() -> None:
@@ -43,12 +46,32 @@ class LocalTrainers:
     def __init__(self, model_path: str, cfg: RlTrainConfig, gas: int):
         init_distributed()
         self.trainer = PolicyTrainer(model_path, cfg, gas, rank=0, world=1)
+        self.weight_group: Any = None
 
     def update(self, plans: list[Any], tokens: list[int]) -> list[UpdateSums]:
         return [self.trainer.update(plans[0], tokens)]
 
     def named_weights(self) -> dict[str, Any]:
         return self.trainer.named_weights()
+
+    # the broadcast sync (rstar2cli/rl/sync.py): this process is rank 0 of the transfer group
+    def on_gpu(self) -> bool:
+        return self.trainer.on_gpu
+
+    def weight_group_address(self, world_size: int, backend: str) -> GroupAddress:
+        return _group_address(world_size, backend)
+
+    def join_weight_group(self, address: GroupAddress) -> None:
+        self.weight_group = open_group(address, 0)
+
+    def weight_plan(self, dtype: str) -> SyncPlan:
+        return self.trainer.weight_plan(dtype)
+
+    def send_weights(self, plan: SyncPlan) -> int | None:
+        return self.trainer.send_weights(self.weight_group, plan)
+
+    def placements(self) -> list[dict[str, Any]]:
+        return []
 
     def save_checkpoint(self, ckpt_dir: Path, step: int, client_state: dict[str, Any]) -> None:
         self.trainer.save_checkpoint(ckpt_dir, step, client_state)
@@ -71,9 +94,13 @@ class TrainerActor:
     def __init__(self, rank: int, world: int, num_threads: int):
         import torch
 
+        # NOTE: decided here, not from the cluster's GPU count: a node may advertise GPUs to Ray
+        # that this process cannot use (the multi-node test declares GPU resources on a CPU box)
+        os.environ["DS_ACCELERATOR"] = "cuda" if torch.cuda.is_available() else "cpu"
         torch.set_num_threads(num_threads)
         self.rank, self.world = rank, world
         self.trainer: PolicyTrainer | None = None
+        self.weight_group: Any = None
 
     def rendezvous(self) -> tuple[str, int]:
         """This node's address and a free port on it (rank 0 hosts the process group)."""
@@ -107,8 +134,26 @@ class TrainerActor:
     def update(self, plan: Any, tokens: list[int]) -> UpdateSums:
         return self._built.update(plan, tokens)
 
-    def named_weights(self) -> dict[str, Any]:
-        return self._built.named_weights()
+    def named_weights(self) -> dict[str, Any] | None:
+        weights = self._built.named_weights()  # a ZeRO-3 gather: every rank takes part
+        return weights if self.rank == 0 else None
+
+    def placement(self) -> dict[str, Any]:
+        from rstar2cli.scheduler.placement import where_am_i
+
+        return {**where_am_i(), "on_gpu": self._built.on_gpu}
+
+    def weight_group_address(self, world_size: int, backend: str) -> GroupAddress:
+        return _group_address(world_size, backend)
+
+    def join_weight_group(self, address: GroupAddress) -> None:
+        self.weight_group = open_group(address, 0)
+
+    def weight_plan(self, dtype: str) -> SyncPlan:
+        return self._built.weight_plan(dtype)
+
+    def send_weights(self, plan: SyncPlan) -> int | None:
+        return self._built.send_weights(self.weight_group, plan)
 
     def save_checkpoint(self, ckpt_dir: str, step: int, client_state: dict[str, Any]) -> None:
         self._built.save_checkpoint(Path(ckpt_dir), step, client_state)
@@ -129,23 +174,31 @@ class RayTrainers:
         num_ranks: int,
         ray_address: str | None,
         num_cpus_per_rank: float = 1.0,
+        actor_options: list[dict[str, Any]] | None = None,
     ):
+        """`actor_options[r]`: Ray options placing rank r (placement.RayPlacement.options);
+        None: one GPU each when the cluster has GPUs, else `num_cpus_per_rank` CPUs."""
         import ray
 
         if not ray.is_initialized():
             ray.init(address=None if ray_address in (None, "local") else ray_address)
-        has_gpus = ray.cluster_resources().get("GPU", 0) > 0
-        options: dict[str, Any] = {"num_gpus": 1} if has_gpus else {"num_cpus": num_cpus_per_rank}
-        options["runtime_env"] = {"env_vars": {"DS_ACCELERATOR": "cuda" if has_gpus else "cpu"}}
+        if actor_options is None:
+            has_gpus = ray.cluster_resources().get("GPU", 0) > 0
+            one: dict[str, Any] = {"num_gpus": 1} if has_gpus else {"num_cpus": num_cpus_per_rank}
+            actor_options = [one] * num_ranks
         actor_cls = ray.remote(TrainerActor)
         threads = max(1, int(num_cpus_per_rank))
         # NOTE: Any: Ray's stubs do not know an actor handle's remote methods
         self.actors: list[Any] = [
-            actor_cls.options(**options).remote(r, num_ranks, threads) for r in range(num_ranks)
+            actor_cls.options(**actor_options[r]).remote(r, num_ranks, threads)
+            for r in range(num_ranks)
         ]
         self.world = num_ranks
         addr, port = ray.get(self.actors[0].rendezvous.remote())
         ray.get([a.build.remote(model_path, cfg, gas, addr, port) for a in self.actors])
+        self._placements: list[dict[str, Any]] = ray.get(
+            [a.placement.remote() for a in self.actors]
+        )
 
     def update(self, plans: list[Any], tokens: list[int]) -> list[UpdateSums]:
         import ray
@@ -155,9 +208,38 @@ class RayTrainers:
         )
 
     def named_weights(self) -> dict[str, Any]:
+        """Rank 0's full copy; every rank is called, as ZeRO-3's gather is a collective."""
         import ray
 
-        return ray.get(self.actors[0].named_weights.remote())
+        return ray.get([a.named_weights.remote() for a in self.actors])[0]
+
+    def placements(self) -> list[dict[str, Any]]:
+        """Per rank: node id, the GPU ids Ray gave it, whether torch sees a GPU."""
+        return self._placements
+
+    def on_gpu(self) -> bool:
+        return bool(self._placements[0]["on_gpu"])
+
+    def weight_group_address(self, world_size: int, backend: str) -> GroupAddress:
+        import ray
+
+        return ray.get(self.actors[0].weight_group_address.remote(world_size, backend))
+
+    def join_weight_group(self, address: GroupAddress) -> None:
+        import ray
+
+        ray.get(self.actors[0].join_weight_group.remote(address))
+
+    def weight_plan(self, dtype: str) -> SyncPlan:
+        import ray
+
+        return ray.get(self.actors[0].weight_plan.remote(dtype))
+
+    def send_weights(self, plan: SyncPlan) -> int | None:
+        """Every rank takes part (ZeRO-3 gathers); rank 0 broadcasts and returns the checksum."""
+        import ray
+
+        return ray.get([a.send_weights.remote(plan) for a in self.actors])[0]
 
     def save_checkpoint(self, ckpt_dir: Path, step: int, client_state: dict[str, Any]) -> None:
         import ray
@@ -206,8 +288,24 @@ def init_ray(address: str | None, num_actors: int) -> None:
     ray.init(num_cpus=max(os.cpu_count() or 1, num_actors), include_dashboard=False)
 
 
-def make_trainers(model_path: str, cfg: RlTrainConfig, gas: int, ray_address: str | None) -> Any:
-    """Local when one rank and no Ray address; Ray actors otherwise."""
+def make_trainers(
+    model_path: str,
+    cfg: RlTrainConfig,
+    gas: int,
+    ray_address: str | None,
+    actor_options: list[dict[str, Any]] | None = None,
+) -> Any:
+    """Local when one rank and no Ray address; Ray actors otherwise (placed by `actor_options`)."""
     if cfg.num_trainer_ranks == 1 and ray_address is None:
         return LocalTrainers(model_path, cfg, gas)
-    return RayTrainers(model_path, cfg, gas, cfg.num_trainer_ranks, ray_address)
+    return RayTrainers(
+        model_path, cfg, gas, cfg.num_trainer_ranks, ray_address, actor_options=actor_options
+    )
+
+
+def _group_address(world_size: int, backend: str) -> GroupAddress:
+    """This node's address and a free port for the transfer group's store (rank 0 hosts it)."""
+    import ray
+
+    host = ray.util.get_node_ip_address() if ray.is_initialized() else "127.0.0.1"
+    return GroupAddress(host, free_port(), world_size, backend)

@@ -5,14 +5,20 @@ One small Protocol (`Engine`) with three implementations:
 - `HfEngine` (hf_engine.py): transformers, a continuous-batching loop over a KV token budget it
   accounts itself; for machines without vLLM.
 - `RayEngine` (ray_engine.py): either of the above inside one Ray actor, behind a thin async proxy.
-`make_engines` starts N of one kind (in this process or as Ray actors); `EngineSpec` carries a
-command's engine options until the longest prompt, hence `max_model_len`, is known.
+`make_engines` starts N of one kind (in this process or as Ray actors) with their placement:
+tensor_parallel_size, GPUs and memory share in this process, placement groups under Ray
+(placement.py); `EngineSpec` carries a command's engine options until the longest prompt, hence
+`max_model_len`, is known.
 
 Every engine stops on `<|im_end|>` (always, in addition to `SamplingSpec.stop_token_ids`); when it
 stops on a stop id, that id is the last entry of `GenOutput.token_ids`.
 
 `metrics()` reports at least METRIC_KEYS (counts are totals since start; prefix queries/hits are
 in tokens). A Ray proxy reports its actor's.
+
+Beyond the Protocol, vLLM engines (and their Ray proxies) take part in the broadcast weight sync
+(`num_weight_receivers`, `join_weight_group`, `receive_weights`; rstar2cli/rl/sync.py) and sleep
+between phases when colocated; an engine without them gets `update_weights`.
 
 What this module does not do: admission control. The scheduler keeps its own KV ledger against
 `kv_capacity_tokens()`; `kv_used_tokens()` and `metrics()` are for stats and plots only.
@@ -27,12 +33,17 @@ tests/integration/test_ray_engines.py.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+from rstar2cli.errors import UserError
 
 if TYPE_CHECKING:
     import torch
+
+    from rstar2cli.scheduler.placement import RayPlacement
 
 FINISH_REASONS = ("stop", "length", "abort", "error")
 # KV cache per engine when a command or recipe does not say (tokens; CPU engines need a size).
@@ -107,35 +118,56 @@ def make_engines(
     kv_cache_tokens: int | None = None,
     max_model_len: int,
     seed: int = 0,
+    tensor_parallel_size: int = 1,
+    devices: Sequence[int] | None = None,
+    gpu_memory_fraction: float | None = None,
+    colocated: bool = False,
+    placement: RayPlacement | None = None,
 ) -> list[Engine]:
     """Start `num_engines` engines of `kind` on `model_path`.
 
-    ray_address None: engines live in this process (vLLM: one engine-core process each).
-    "local": one Ray actor per engine on a local Ray instance; any other value: the address of an
-    existing Ray cluster. Engine i gets seed `seed + i` and the name f"{kind}{i}".
-    `kv_cache_tokens` None: DEFAULT_KV_CACHE_TOKENS, raised to one whole trajectory
-    (`max_model_len`) if that is more. Blocks until every engine is ready (vLLM-CPU: ~25 s each).
+    ray_address None: engines live in this process (vLLM: one engine-core process each), on the
+    GPUs `devices` (default: the visible ones; placement.local_engine_devices), each using
+    `gpu_memory_fraction` of its GPUs split among the engines sharing one (placement.py); a
+    machine without GPUs runs them on the CPU. "local": one Ray actor per engine on a local Ray
+    instance; any other value: the address of an existing Ray cluster. Ray engines go where
+    `placement` (a reserved RayPlacement) says, else into a placement group reserved here.
+    Engine i gets seed `seed + i` and the name f"{kind}{i}". `kv_cache_tokens` None:
+    DEFAULT_KV_CACHE_TOKENS, raised to one whole trajectory (`max_model_len`) if that is more.
+    `colocated`: engines share GPUs with trainer ranks and sleep between phases. Blocks until every
+    engine is ready (vLLM-CPU: ~25 s each).
     """
+    from rstar2cli.scheduler.placement import gpu_memory_fraction as memory_share
+
     if kind not in ENGINE_KINDS:
         raise ValueError(f"unknown engine kind {kind!r}; choose one of {', '.join(ENGINE_KINDS)}")
     if num_engines < 1:
         raise ValueError(f"num_engines must be >= 1, got {num_engines}")
+    if kind == "hf" and tensor_parallel_size != 1:
+        raise UserError("the transformers engine (hf) has no tensor parallelism; use vllm")
     if kv_cache_tokens is None:
         kv_cache_tokens = max(DEFAULT_KV_CACHE_TOKENS, max_model_len)
-    settings = [
-        dict(
-            model_path=str(model_path),
-            name=f"{kind}{i}",
-            kv_cache_tokens=kv_cache_tokens,
-            max_model_len=max_model_len,
-            seed=seed + i,
-        )
-        for i in range(num_engines)
-    ]
+    model_path = str(model_path)
+    base = dict(model_path=model_path, kv_cache_tokens=kv_cache_tokens, max_model_len=max_model_len)
     if ray_address is not None:
+        from rstar2cli.scheduler.placement import absolute_path
         from rstar2cli.scheduler.ray_engine import start_ray_engines
 
-        return list(start_ray_engines(kind, settings, address=ray_address))
+        base["model_path"] = absolute_path(model_path)  # actors may run elsewhere
+        share = memory_share([(0,)], colocated, gpu_memory_fraction)  # one engine per GPU
+        settings = [
+            {**base, "name": f"{kind}{i}", "seed": seed + i}
+            | _gpu_settings(kind, tensor_parallel_size, (), share, colocated)
+            for i in range(num_engines)
+        ]
+        return list(start_ray_engines(kind, settings, ray_address, placement))
+    per_engine = _local_devices(num_engines, tensor_parallel_size, devices)
+    share = memory_share(per_engine, colocated, gpu_memory_fraction)
+    settings = [
+        {**base, "name": f"{kind}{i}", "seed": seed + i}
+        | _gpu_settings(kind, tensor_parallel_size, per_engine[i], share, colocated)
+        for i in range(num_engines)
+    ]
     engines: list[Engine] = []
     try:
         for kwargs in settings:
@@ -145,6 +177,31 @@ def make_engines(
             close_now(engine)
         raise
     return engines
+
+
+def _local_devices(
+    num_engines: int, tensor_parallel_size: int, devices: Sequence[int] | None
+) -> list[tuple[int, ...]]:
+    import torch
+
+    from rstar2cli.scheduler.placement import local_engine_devices
+
+    num_visible = torch.cuda.device_count()  # 0 without CUDA
+    return local_engine_devices(num_engines, tensor_parallel_size, devices, num_visible)
+
+
+def _gpu_settings(
+    kind: str, tensor_parallel_size: int, devices: tuple[int, ...], share: float, colocated: bool
+) -> dict[str, Any]:
+    """The placement arguments each engine kind takes (the HF engine: one device)."""
+    if kind == "hf":
+        return {"device": f"cuda:{devices[0]}"} if devices else {}
+    return {
+        "tensor_parallel_size": tensor_parallel_size,
+        "devices": devices,
+        "gpu_memory_utilization": share,
+        "colocated": colocated,
+    }
 
 
 @dataclass(frozen=True)
@@ -158,6 +215,9 @@ class EngineSpec:
     ray_address: str | None = None
     kv_cache_tokens: int | None = None  # None: `make_engines`' default size
     seed: int = 0
+    tensor_parallel_size: int = 1
+    devices: tuple[int, ...] | None = None  # in-process engines' GPUs; None: the visible ones
+    gpu_memory_fraction: float | None = None  # None: placement.GPU_MEMORY_FRACTION
 
     def check_fits(self, max_model_len: int) -> None:
         """One-line error when an asked-for KV cache cannot hold one whole trajectory."""
@@ -179,6 +239,9 @@ class EngineSpec:
             kv_cache_tokens=self.kv_cache_tokens,
             max_model_len=max_model_len,
             seed=self.seed,
+            tensor_parallel_size=self.tensor_parallel_size,
+            devices=self.devices,
+            gpu_memory_fraction=self.gpu_memory_fraction,
         )
 
 

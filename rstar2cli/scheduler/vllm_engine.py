@@ -16,7 +16,13 @@ caching on. Where each number comes from in vLLM 0.32:
   this engine owns: vLLM-CPU pickles RPC arguments to its worker process, and the zero-copy
   tensors the engine core decoded cannot be pickled ("cannot pickle memoryview objects").
   A tied-embedding folder without `lm_head.weight` is rewritten with it (see
-  `_tied_lm_head_missing`).
+  `_tied_lm_head_missing`). That is the disk path, kept as the fallback.
+- Weight sync by broadcast (the usual path in rl-stage): every engine is started with
+  `worker_extension_cls` = vllm_sync_worker.WeightSyncWorker; `join_weight_group` and
+  `receive_weights` call it on all workers through `collective_rpc` (weight_sync.py).
+- Placement: `tensor_parallel_size` workers, on the GPUs `devices` (CUDA_VISIBLE_DEVICES while
+  vLLM spawns its processes), using `gpu_memory_utilization` of each; KV is sized per worker.
+  `colocated`: sleep mode on (GPU only), for `sleep`/`wake_up` between the trainer's phases.
 
 What it does not do: admission control (the scheduler's job), detokenisation, LoRA.
 Tested in tests/integration/test_vllm_engine.py (two real vllm-cpu engines on the tiny model).
@@ -35,6 +41,8 @@ from typing import Any, cast
 
 from rstar2cli import protocol as P
 from rstar2cli.scheduler.engines import GenOutput, SamplingSpec, read_safetensors_folder
+from rstar2cli.scheduler.vllm_sync_worker import WeightSyncWorker
+from rstar2cli.scheduler.weight_sync import GroupAddress, SyncPlan
 
 log = logging.getLogger(__name__)
 
@@ -86,13 +94,18 @@ def _stat_logger_factory(stats: VllmStats) -> Any:
     return _Recorder
 
 
-def kv_bytes_per_token(model_path: str | Path, dtype: str) -> int:
-    """Bytes one token's K and V take over all layers, from the HF config."""
+def kv_bytes_per_token(model_path: str | Path, dtype: str, tensor_parallel_size: int = 1) -> int:
+    """Bytes one token's K and V take over all layers on one worker, from the HF config.
+
+    With tensor parallelism each worker holds its share of the KV heads (at least one: vLLM
+    replicates heads when there are fewer than workers); vLLM sizes KV per worker.
+    """
     config = json.loads((Path(model_path) / "config.json").read_text())
     config = config.get("text_config", config)
     num_heads = config["num_attention_heads"]
     head_dim = config.get("head_dim") or config["hidden_size"] // num_heads
     num_kv_heads = config.get("num_key_value_heads") or num_heads
+    num_kv_heads = max(1, num_kv_heads // tensor_parallel_size)
     return 2 * config["num_hidden_layers"] * num_kv_heads * head_dim * _DTYPE_BYTES[dtype]
 
 
@@ -115,9 +128,14 @@ class VllmEngine:
         seed: int = 0,
         dtype: str | None = None,
         gpu_memory_utilization: float | None = None,
+        tensor_parallel_size: int = 1,
+        devices: tuple[int, ...] = (),
+        colocated: bool = False,
     ):
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
+
+        from rstar2cli.scheduler.placement import GPU_MEMORY_FRACTION, engine_env
 
         if kv_cache_tokens < max_model_len:
             raise ValueError(
@@ -125,7 +143,7 @@ class VllmEngine:
             )
         self.name = name
         self.model_path = str(model_path)
-        on_gpu = _on_gpu()
+        self.on_gpu = on_gpu = _on_gpu()
         # NOTE: float32 on CPU keeps vLLM's outputs comparable with transformers' (tests rely on it).
         dtype = dtype or ("auto" if on_gpu else "float32")
         # NOTE: on CPU a request whose prompt is prefilled in chunks makes vLLM rewind its seeded
@@ -139,23 +157,35 @@ class VllmEngine:
                 "max_num_batched_tokens": max(max_model_len, 2048),
             }
         )
-        if gpu_memory_utilization is None:
-            # vllm-cpu refuses to start unless this share of RAM is free; the KV size is set below.
-            gpu_memory_utilization = 0.9 if on_gpu else 0.3
+        if not on_gpu:
+            # NOTE: vllm-cpu reads this as a share of RAM it wants free at start; a GPU share (the
+            # placement's) means nothing here, and the KV size is set below in bytes anyway.
+            gpu_memory_utilization = 0.3
+        elif gpu_memory_utilization is None:
+            gpu_memory_utilization = GPU_MEMORY_FRACTION
         args = AsyncEngineArgs(
             model=self.model_path,
             dtype=cast(Any, dtype),  # vLLM's type is a Literal of dtype names; it checks the value
             seed=seed,
             max_model_len=max_model_len,
             enable_prefix_caching=True,
-            kv_cache_memory_bytes=kv_cache_tokens * kv_bytes_per_token(model_path, dtype),
+            kv_cache_memory_bytes=kv_cache_tokens
+            * kv_bytes_per_token(model_path, dtype, tensor_parallel_size),
             gpu_memory_utilization=gpu_memory_utilization,
+            tensor_parallel_size=tensor_parallel_size,
             enforce_eager=not on_gpu,  # CPU: skip torch.compile (minutes on 2 cores)
+            enable_sleep_mode=colocated and on_gpu,  # vLLM-CPU has no sleep mode (see sleep())
+            worker_extension_cls=f"{WeightSyncWorker.__module__}.{WeightSyncWorker.__qualname__}",
             **cpu_only,
             disable_log_stats=True,  # default loggers off; our recorder still gets every step
         )
         self.stats = VllmStats()
-        self._llm = AsyncLLM.from_engine_args(args, stat_loggers=[_stat_logger_factory(self.stats)])
+        self.tensor_parallel_size = tensor_parallel_size
+        self.devices = tuple(devices)
+        with engine_env(self.devices, tensor_parallel_size, on_gpu):  # its processes inherit it
+            self._llm = AsyncLLM.from_engine_args(
+                args, stat_loggers=[_stat_logger_factory(self.stats)]
+            )
         cache_config = self._llm.vllm_config.cache_config
         num_blocks = cache_config.num_gpu_blocks
         assert num_blocks is not None, "vLLM sizes its KV cache while it starts"
@@ -247,6 +277,44 @@ class VllmEngine:
             folder = self._write_weights(named_tensors)
         await self._llm.collective_rpc("reload_weights", kwargs={"weights_path": str(folder)})
         await self._llm.reset_prefix_cache()
+
+    # -- the collective path (rstar2cli/scheduler/weight_sync.py) -------------------------------
+
+    def num_weight_receivers(self) -> int:
+        """Members this engine brings to the transfer group: one per worker."""
+        return self.tensor_parallel_size
+
+    def weight_dtype(self) -> str:
+        """The dtype its weights have in vLLM (the wire dtype of a sync)."""
+        return str(self._llm.model_config.dtype).removeprefix("torch.")
+
+    async def join_weight_group(self, address: GroupAddress, rank_offset: int) -> None:
+        """Its workers join as ranks rank_offset .. rank_offset + tensor_parallel_size - 1."""
+        await self._llm.collective_rpc(
+            "rstar2_join_weight_group",
+            kwargs={"address_wire": address.to_wire(), "rank_offset": rank_offset},
+        )
+
+    async def receive_weights(self, plan: SyncPlan) -> list[int]:
+        """Receive one broadcast sync in place; the checksum each worker received. Like
+        update_weights, call it between rollout phases."""
+        sums = await self._llm.collective_rpc(
+            "rstar2_receive_weights", kwargs={"plan_wire": plan.to_wire()}
+        )
+        await self._llm.reset_prefix_cache()
+        return [int(s) for s in sums]
+
+    async def sleep(self) -> None:
+        """Colocated mode, before the trainer's phase: pause scheduling; on GPU also drop weights
+        and KV (level 2: the next sync rewrites every weight). vLLM-CPU only pauses."""
+        await self._llm.sleep(level=2)
+
+    async def wake_up(self, tags: list[str] | None = None) -> None:
+        """["weights"] before a sync, then ["kv_cache"] (or None: both) before generating."""
+        await self._llm.wake_up(tags)
+
+    async def is_sleeping(self) -> bool:
+        return bool(await self._llm.is_sleeping())
 
     def _tied_lm_head_missing(self, folder: Path) -> bool:
         """HF omits lm_head.weight from tied checkpoints, and vLLM 0.32's in-place reload then

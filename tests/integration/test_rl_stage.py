@@ -5,8 +5,8 @@ four test problems (the SFT format, some with a failing first call), so that at 
 rollouts are sometimes right and sometimes wrong: the groups then have mixed rewards, RoC has
 something to choose from, and the update is not zero.
 
-- test_two_steps_write_everything: 2 steps; metrics rows, checkpoint, plots, resolved recipe,
-  final HF folder; the weights moved.
+- test_two_steps_write_everything: 2 steps, colocated (the engine sleeps during updates); metrics
+  rows, checkpoint, plots, resolved recipe, final HF folder; the weights moved, by broadcast.
 - test_kill_during_step_two_then_resume_matches: a run killed with SIGKILL (process group: driver,
   engine, sandbox children) during step 2, then rerun: its metrics rows and final weights equal an
   uninterrupted run's exactly. Rollouts are reproducible because every request's sampling seed is a
@@ -14,8 +14,10 @@ something to choose from, and the update is not zero.
   the engine samples each request with its own generator; the engine gets the checkpoint's
   weights before the first rollout after the resume. This test uses the transformers engine, whose
   per-request generators make samples independent of how requests are batched together.
-- test_ray_two_engine_actors_two_trainer_ranks: 2 vLLM engine actors + 2 DeepSpeed ranks (gloo)
-  placed by a local Ray instance, two steps; one of them trains and the weights move.
+- test_three_node_cluster_...: a Ray cluster of 3 nodes on this machine (two declaring GPUs);
+  2 vLLM engine actors on different nodes + 2 DeepSpeed ZeRO-3 ranks (gloo), two steps; placement,
+  disjoint GPU ids, and the broadcast sync's checksums against the final weights. Its second test
+  reuses the cluster for the one-line path and GPU checks.
 """
 
 from __future__ import annotations
@@ -136,15 +138,15 @@ def _cmd(setup: dict, out: Path) -> list[str]:
     return cmd
 
 
-def _run(cmd: list[str], timeout_s: float = 600) -> subprocess.CompletedProcess:
+def _run(cmd: list[str], timeout_s: float = 600, cwd: Path = REPO) -> subprocess.CompletedProcess:
     proc = subprocess.Popen(
         cmd,
-        cwd=REPO,
+        cwd=cwd,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
         start_new_session=True,
-        env=ENV,
+        env=_env(),
     )
     try:
         stdout, stderr = proc.communicate(timeout=timeout_s)
@@ -172,8 +174,14 @@ def _weights(folder: Path) -> dict:
 
 
 HF = ["--set", "rollout.engine=hf"]
-# One torch thread per process: the runs' trainer, engine and graders share 2 cores with others.
-ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
+
+
+def _env() -> dict[str, str]:
+    # One torch thread per process: the runs' trainer, engine and graders share 2 cores with others.
+    # NOTE: read at each run, not at import: a Ray session started earlier in this process (e.g.
+    # tests/integration/test_ray_engines.py) turns on Ray's token auth through os.environ, and a
+    # run joining a cluster this process started needs the same setting.
+    return {**os.environ, "OMP_NUM_THREADS": "1"}
 
 
 @pytest.fixture(scope="module")
@@ -184,10 +192,12 @@ def uninterrupted(setup):
 
 
 def test_two_steps_write_everything(setup):
+    """Colocated: the engine sleeps while the in-process trainer updates and wakes for the
+    broadcast sync (vLLM-CPU's sleep pauses scheduling; only a GPU frees memory)."""
     import torch
 
     out = setup["root"] / "run_vllm"
-    _run(_cmd(setup, out))
+    _run(_cmd(setup, out) + ["--set", "rollout.colocate=true"])
     rows = _rows(out)
     assert [r["step"] for r in rows] == [0, 1, 2]  # eval-only row before training, then the steps
     for row in rows[1:]:
@@ -205,6 +215,7 @@ def test_two_steps_write_everything(setup):
     trained = [r for r in rows[1:] if r["num_kept"] > 0]
     assert trained, "the primed model gave no mixed-reward group in 2 steps"
     assert all(0.0 <= r["clip_frac"] <= 1.0 and r["entropy"] > 0 and r["lr"] > 0 for r in trained)
+    assert all(r["weight_sync"] == "broadcast" for r in trained)
     assert (out / "checkpoints" / "latest").is_file() and (out / "curves.png").stat().st_size > 0
     assert list((out / "tb").glob("events.*"))
     assert (
@@ -225,7 +236,7 @@ def test_kill_during_step_two_then_resume_matches(setup, uninterrupted):
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         start_new_session=True,
-        env=ENV,
+        env=_env(),
     )
     try:
         deadline = time.monotonic() + 600
@@ -256,27 +267,88 @@ def test_kill_during_step_two_then_resume_matches(setup, uninterrupted):
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
 
 
-def test_ray_two_engine_actors_two_trainer_ranks(setup):
-    """Scale-out placed by Ray on a local instance: 2 vLLM engine actors, 2 DeepSpeed ranks (gloo)."""
-    import torch
+@pytest.fixture(scope="module")
+def three_nodes():
+    """A Ray cluster of three nodes on this machine: a CPU-only head and two nodes that declare 2
+    GPUs each to Ray (the machine has none: the engines and ranks placed there run on the CPU,
+    but Ray's placement and GPU-id bookkeeping are the real ones)."""
+    import ray
+    from ray.cluster_utils import Cluster
 
-    out = setup["root"] / "run_ray"
-    cmd = _cmd(setup, out) + [
-        "--ray-address",
-        "local",
-        "--set",
-        "rollout.num_engines=2",
-        "--set",
-        "train.num_trainer_ranks=2",
-        "--set",
-        "train.num_steps=2",
-        "--set",
-        "eval.every_steps=0",
+    cluster = Cluster(
+        initialize_head=True, head_node_args={"num_cpus": 1, "object_store_memory": 96 * 2**20}
+    )
+    gpu_nodes = [
+        cluster.add_node(num_cpus=2, num_gpus=2, object_store_memory=96 * 2**20) for _ in range(2)
     ]
-    _run(cmd)
+    cluster.wait_for_nodes()
+    ray.init(address=cluster.address)  # this process too, for the one-line checks below
+    try:
+        yield {"address": cluster.address, "gpu_node_ids": {n.node_id for n in gpu_nodes}}
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+
+
+def test_three_node_cluster_rl_stage_places_engines_apart_and_syncs_by_broadcast(
+    setup, three_nodes
+):
+    """rl-stage on the 3-node cluster: 2 vLLM engines (one per GPU node), 2 DeepSpeed ZeRO-3 ranks
+    (gloo), 2 steps, with a relative --out and --init-from (made absolute for the actors). Checks
+    where everything landed (node ids, disjoint GPU ids) and that after every sync each engine
+    holds exactly the trainer's weights: the last sync's checksums equal those of final/."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from rstar2cli.scheduler import weight_sync as ws
+
+    root = setup["root"]
+    out = root / "run_cluster"
+    cmd = _cmd(setup, Path("run_cluster"))
+    cmd[cmd.index("--init-from") + 1] = setup["model"].name  # relative to root
+    cmd += ["--ray-address", three_nodes["address"]]
+    for s in ("rollout.num_engines=2", "train.num_trainer_ranks=2", "train.zero_stage=3"):
+        cmd += ["--set", s]
+    cmd += ["--set", "eval.every_steps=0"]
+    _run(cmd, cwd=root)
+
     rows = _rows(out)
     assert [r["step"] for r in rows] == [1, 2]
     assert all(r["num_rollouts"] == 8 for r in rows)
-    assert any(r["num_kept"] > 0 for r in rows), "no mixed-reward group in 2 steps: nothing trained"
-    before, after = _weights(setup["model"]), _weights(out / "final")
-    assert any(not torch.equal(before[k], after[k]) for k in before)
+    trained = [r for r in rows if r["num_kept"] > 0]
+    assert trained, "no mixed-reward group in 2 steps: nothing trained"
+    placed = json.loads((out / "placement.json").read_text())
+    engines, ranks = placed["engines"], placed["trainer_ranks"]
+    assert [e["weight_sync"] for e in engines] == ["broadcast", "broadcast"]
+    assert {e["node_id"] for e in engines} == three_nodes["gpu_node_ids"]  # one per GPU node
+    assert len(ranks) == 2 and all(len(x["gpu_ids"]) == 1 for x in engines + ranks)
+    for node in three_nodes["gpu_node_ids"]:
+        ids = [g for x in engines + ranks if x["node_id"] == node for g in x["gpu_ids"]]
+        assert len(ids) == len(set(ids)), f"GPU ids handed out twice on node {node}: {ids}"
+    last = trained[-1]  # the last step that updated, hence synced; final/ holds those weights
+    assert all(r["weight_sync"] == "broadcast" for r in trained)
+    final = AutoModelForCausalLM.from_pretrained(out / "final")
+    params = dict(final.named_parameters())
+    plan = ws.module_plan(final, "float32")
+    scratch = ws.empty_buffer(sum(p.numel() for p in params.values()), "float32", "cpu")
+    expected = ws.combine(
+        [ws.checksum(ws.pack([params[t.name] for t in b], b, scratch)) for b in plan.buckets]
+    )
+    assert last["weight_checksum"] == expected
+    assert last["engine_weight_checksums"] == {"vllm0": [expected], "vllm1": [expected]}
+    before = _weights(setup["model"])
+    assert any(not torch.equal(before[k], v.detach()) for k, v in params.items() if k in before)
+
+
+def test_three_node_cluster_one_line_errors_before_start(three_nodes, tmp_path):
+    from rstar2cli.errors import UserError
+    from rstar2cli.scheduler.placement import RayPlacement, check_paths_on_nodes, plan_bundles
+
+    check_paths_on_nodes([str(tmp_path)], writable=[str(tmp_path)])  # one machine: all see it
+    with pytest.raises(UserError, match="not usable on Ray node") as err:
+        check_paths_on_nodes([str(tmp_path / "nowhere")])
+    assert "\n" not in str(err.value)
+    with pytest.raises(UserError, match="asked for 6 GPUs .* the Ray cluster has 4"):
+        RayPlacement.reserve(plan_bundles(3, 2, 0, has_gpus=True))
+    with pytest.raises(UserError, match="needs 4 GPUs on one node"):
+        RayPlacement.reserve(plan_bundles(1, 4, 0, has_gpus=True))

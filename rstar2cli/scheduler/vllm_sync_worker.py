@@ -1,0 +1,76 @@
+"""The receiving end of the weight sync inside vLLM: a worker extension class.
+
+vLLM mixes the class named by the engine argument `worker_extension_cls` into each of its workers
+(`vllm/v1/worker/worker_base.py`), and `AsyncLLM.collective_rpc(method, ...)` calls a method on
+every worker of the engine (all tensor-parallel ranks). The methods here are prefixed `rstar2_`
+because vLLM refuses an extension whose names clash with the worker's own.
+
+- `rstar2_join_weight_group(address_wire, rank_offset)`: this worker joins the transfer group as
+  rank `rank_offset + self.rank` (its rank inside the engine).
+- `rstar2_receive_weights(plan_wire)`: receives the buckets and hands the tensors, as they arrive, to
+  the worker's `reload_weights(weights_iterator=...)`, i.e. the model's own `load_weights` inside
+  vLLM's layer-wise reload. NOTE why not `model.load_weights` alone: after loading, vLLM
+  post-processes layers (vLLM-CPU repacks every linear weight for oneDNN and drops the original),
+  and the layer-wise reload re-runs that processing per layer once the layer's tensors are in.
+  Tensor-parallel workers each receive the full tensors; the weight loaders keep their shard.
+  A tied-embedding model also gets `lm_head.weight` (the embedding again; the trainer sends tied
+  parameters once), since vLLM's in-place reload leaves an untouched lm_head unloaded.
+  Returns the combined checksum of what this worker received (weight_sync.combine).
+Arguments arrive as plain dicts (`to_wire`): vLLM's RPC encodes them with msgpack.
+
+What it does not do: decide when to sync (the driver), reset the prefix cache (the engine does
+after the call returns), or touch sleep mode (the engine's own sleep/wake_up calls).
+Tested in tests/integration/test_vllm_engine.py (two real vLLM-CPU engines, gloo).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rstar2cli.scheduler import weight_sync as ws
+
+
+class WeightSyncWorker:
+    """Mixed into vLLM's worker class; `self` is the worker (rank, device, model_runner, ...)."""
+
+    def rstar2_join_weight_group(self, address_wire: dict[str, Any], rank_offset: int) -> int:
+        worker: Any = self
+        address = ws.GroupAddress.from_wire(address_wire)
+        rank = rank_offset + int(worker.rank)
+        if address.backend == "nccl":
+            import torch
+
+            torch.cuda.set_device(worker.device)
+        worker._rstar2_weight_group = ws.open_group(address, rank)
+        return rank
+
+    def rstar2_receive_weights(self, plan_wire: dict[str, Any]) -> int:
+        worker: Any = self
+        plan = ws.SyncPlan.from_wire(plan_wire)
+        group = getattr(worker, "_rstar2_weight_group", None)
+        if group is None:
+            raise RuntimeError("rstar2_join_weight_group must come before rstar2_receive_weights")
+        device = worker.device if ws.moves_device_tensors(group) else "cpu"
+        sums: list[int] = []
+        stream = ws.receive(group, plan, device, sums)
+        tie = bool(getattr(worker.model_config.hf_config, "tie_word_embeddings", False))
+        names = {s.name for b in plan.buckets for s in b}
+        if tie and "lm_head.weight" not in names:
+            stream = _with_tied_head(stream)
+        try:
+            worker.reload_weights(weights_iterator=stream)
+        finally:
+            for _ in stream:  # NOTE: stay in step with the sender (see weight_sync.receive)
+                pass
+        return ws.combine(sums)
+
+    def rstar2_leave_weight_group(self) -> None:
+        worker: Any = self
+        worker._rstar2_weight_group = None
+
+
+def _with_tied_head(stream: Any) -> Any:
+    for name, tensor in stream:
+        yield name, tensor
+        if name == "model.embed_tokens.weight":
+            yield "lm_head.weight", tensor

@@ -1,0 +1,118 @@
+"""The broadcast weight sync's parts: bucket plans, packing, checksums, and a real gloo transfer
+group of three processes (a sender streaming a torch module, two receivers)."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+
+import pytest
+
+from rstar2cli.scheduler import weight_sync as ws
+
+
+def test_buckets_keep_order_and_cut_at_the_byte_limit():
+    # float32: a [4, 4] tensor is 64 bytes, [4] is 16, [10, 10] is 400. Limit 100 bytes:
+    # a (64) + b (16) = 80 fit; c (64) would make 144 -> new bucket; d (400) alone; e (16) after.
+    shapes = [("a", (4, 4)), ("b", (4,)), ("c", (4, 4)), ("d", (10, 10)), ("e", (4,))]
+    plan = ws.plan_buckets(shapes, "float32", max_bucket_bytes=100)
+    assert [[s.name for s in b] for b in plan.buckets] == [["a", "b"], ["c"], ["d"], ["e"]]
+    assert plan.num_tensors == 5 and plan.num_bytes() == 64 + 16 + 64 + 400 + 16
+    assert ws.SyncPlan.from_wire(plan.to_wire()) == plan
+    bf16 = ws.plan_buckets(shapes, "bfloat16", max_bucket_bytes=100)  # half the bytes
+    assert [[s.name for s in b] for b in bf16.buckets] == [["a", "b", "c"], ["d"], ["e"]]
+
+
+def test_module_plan_lists_tied_parameters_once():
+    import torch
+
+    class Tied(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed = torch.nn.Embedding(8, 4)
+            self.head = torch.nn.Linear(4, 8, bias=False)
+            self.head.weight = self.embed.weight
+
+    plan = ws.module_plan(Tied(), "float32")
+    assert [s.name for b in plan.buckets for s in b] == ["embed.weight"]
+
+
+def test_pack_unpack_round_trip_casts_to_the_wire_dtype():
+    import torch
+
+    tensors = [torch.randn(3, 5), torch.randn(7)]
+    plan = ws.plan_buckets([("x", (3, 5)), ("y", (7,))], "bfloat16", 10**6)
+    scratch = ws.empty_buffer(30, "bfloat16", "cpu")
+    buffer = ws.pack(tensors, plan.buckets[0], scratch)
+    assert buffer.dtype == torch.bfloat16 and buffer.shape == (22,)
+    assert buffer.data_ptr() == scratch.data_ptr()  # packed in place, no new allocation
+    (nx, x), (ny, y) = ws.unpack(buffer, plan.buckets[0])
+    assert (nx, ny) == ("x", "y")
+    assert torch.equal(x, tensors[0].to(torch.bfloat16)) and torch.equal(y, tensors[1].bfloat16())
+    with pytest.raises(ValueError, match="shape"):
+        ws.pack([torch.zeros(2, 5), tensors[1]], plan.buckets[0], scratch)
+
+
+def test_checksum_sees_one_changed_value_and_the_bucket_order():
+    import torch
+
+    a, b = torch.randn(100), torch.randn(100)
+    changed = a.clone()
+    changed[37] = torch.nextafter(changed[37], torch.tensor(1e9))  # one ulp
+    assert ws.checksum(a) == ws.checksum(a.clone())
+    assert ws.checksum(changed) != ws.checksum(a)
+    assert ws.combine([ws.checksum(a), ws.checksum(b)]) != ws.combine(
+        [ws.checksum(b), ws.checksum(a)]
+    )
+    odd = torch.randn(5).bfloat16()  # 10 bytes: one 64-bit word and a 2-byte tail
+    flipped = odd.clone()
+    flipped[4] = -flipped[4]  # a change in the tail only
+    assert ws.checksum(odd) != ws.checksum(flipped)
+
+
+def test_backend_is_nccl_only_for_distinct_gpus():
+    assert ws.transfer_backend(all_on_gpu=True, gpus_shared=False) == "nccl"
+    assert ws.transfer_backend(all_on_gpu=True, gpus_shared=True) == "gloo"
+    assert ws.transfer_backend(all_on_gpu=False, gpus_shared=False) == "gloo"
+
+
+def _model():
+    import torch
+
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+
+
+def _receiver(address: ws.GroupAddress, rank: int, plan_wire: dict, out: mp.Queue) -> None:
+    group = ws.open_group(address, rank, timeout_s=60)
+    sums: list[int] = []
+    got = {
+        n: t.clone() for n, t in ws.receive(group, ws.SyncPlan.from_wire(plan_wire), "cpu", sums)
+    }
+    out.put((rank, got, ws.combine(sums)))
+
+
+def test_three_process_gloo_group_delivers_every_tensor_exactly():
+    import torch
+
+    model = _model()
+    plan = ws.module_plan(model, "float32", max_bucket_bytes=600)  # 4 params -> 3 buckets
+    assert len(plan.buckets) == 3
+    address = ws.GroupAddress("127.0.0.1", ws.free_port(), 3, "gloo")
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    procs = [ctx.Process(target=_receiver, args=(address, r, plan.to_wire(), out)) for r in (1, 2)]
+    for p in procs:
+        p.start()
+    try:
+        group = ws.open_group(address, 0, timeout_s=60)
+        sent = ws.send_module(model, group, plan, zero3=False, device="cpu")
+        results = [out.get(timeout=60) for _ in procs]
+    finally:
+        for p in procs:
+            p.join(timeout=30)
+    assert sorted(r for r, _, _ in results) == [1, 2]
+    for _, got, received in results:
+        assert received == sent
+        assert got.keys() == dict(model.named_parameters()).keys()
+        assert all(torch.equal(got[n], p.detach()) for n, p in model.named_parameters())
+    assert ws.send_module(model, None, plan, zero3=False, device="cpu") is None  # non-source rank
