@@ -48,6 +48,7 @@ complete -c rstar2 -n '__fish_seen_subcommand_from rollout' -l scheduler -d 'kv 
 complete -c rstar2 -n '__fish_seen_subcommand_from rollout' -l kv-mode -d 'kv scheduler reservation incremental (context + next step) | full (th' -r -F
 complete -c rstar2 -n '__fish_seen_subcommand_from rollout' -l kv-overcommit -d 'incremental/per_turn reserve up to this multiple of each engines KV;' -r -F
 complete -c rstar2 -n '__fish_seen_subcommand_from rollout' -l kv-cache-tokens -d 'KV cache per engine in tokens (default 65536, or one whole trajectory' -r -F
+complete -c rstar2 -n '__fish_seen_subcommand_from rollout' -l tensor-parallel-size -d 'GPUs per engine (vLLM tensor parallelism)' -r -F
 complete -c rstar2 -n '__fish_seen_subcommand_from rollout' -l max-turns -d 'Most model turns per trajectory' -r -F
 complete -c rstar2 -n '__fish_seen_subcommand_from rollout' -l max-response-tokens -d 'Response budget, model + tool tokens (default 8192, clipped to the mo' -r -F
 complete -c rstar2 -n '__fish_seen_subcommand_from rollout' -l temperature -d 'Sampling temperature (0 greedy)' -r -F
@@ -77,6 +78,7 @@ complete -c rstar2 -n '__fish_seen_subcommand_from filter-hard' -l scheduler -d 
 complete -c rstar2 -n '__fish_seen_subcommand_from filter-hard' -l kv-mode -d 'kv scheduler reservation incremental (context + next step) | full (th' -r -F
 complete -c rstar2 -n '__fish_seen_subcommand_from filter-hard' -l kv-overcommit -d 'incremental/per_turn reserve up to this multiple of each engines KV;' -r -F
 complete -c rstar2 -n '__fish_seen_subcommand_from filter-hard' -l kv-cache-tokens -d 'KV cache per engine in tokens (default 65536, or one whole trajectory' -r -F
+complete -c rstar2 -n '__fish_seen_subcommand_from filter-hard' -l tensor-parallel-size -d 'GPUs per engine (vLLM tensor parallelism)' -r -F
 complete -c rstar2 -n '__fish_seen_subcommand_from filter-hard' -l max-turns -d 'Most model turns per trajectory' -r -F
 complete -c rstar2 -n '__fish_seen_subcommand_from filter-hard' -l max-response-tokens -d 'Response budget, model + tool tokens (default 12288, clipped to the m' -r -F
 complete -c rstar2 -n '__fish_seen_subcommand_from filter-hard' -l temperature -d 'Sampling temperature (0 greedy)' -r -F
@@ -102,6 +104,7 @@ complete -c rstar2 -n '__fish_seen_subcommand_from eval' -l scheduler -d 'kv (KV
 complete -c rstar2 -n '__fish_seen_subcommand_from eval' -l kv-mode -d 'kv scheduler reservation incremental (context + next step) | full (th' -r -F
 complete -c rstar2 -n '__fish_seen_subcommand_from eval' -l kv-overcommit -d 'incremental/per_turn reserve up to this multiple of each engines KV;' -r -F
 complete -c rstar2 -n '__fish_seen_subcommand_from eval' -l kv-cache-tokens -d 'KV cache per engine in tokens (default 65536, or one whole trajectory' -r -F
+complete -c rstar2 -n '__fish_seen_subcommand_from eval' -l tensor-parallel-size -d 'GPUs per engine (vLLM tensor parallelism)' -r -F
 complete -c rstar2 -n '__fish_seen_subcommand_from eval' -l max-turns -d 'Most model turns per trajectory' -r -F
 complete -c rstar2 -n '__fish_seen_subcommand_from eval' -l max-response-tokens -d 'Response budget, model + tool tokens (default 30000, clipped to the m' -r -F
 complete -c rstar2 -n '__fish_seen_subcommand_from eval' -l temperature -d 'Sampling temperature (0 greedy)' -r -F

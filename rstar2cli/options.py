@@ -113,6 +113,9 @@ KV_CACHE_TOKENS = typer.Option(
     help=f"KV cache per engine in tokens (default: {DEFAULT_KV_CACHE_TOKENS}, or one whole "
     "trajectory if more).",
 )
+TENSOR_PARALLEL_SIZE = typer.Option(
+    1, "--tensor-parallel-size", min=1, help="GPUs per engine (vLLM tensor parallelism)."
+)
 TOP_P = typer.Option(ROLLOUT.top_p, "--top-p", min=0.0, max=1.0, help="Nucleus sampling.")
 SEED = typer.Option(0, "--seed", help="Sampling seed (mixed with problem id, sample and turn).")
 TEMPLATE = typer.Option(
@@ -150,6 +153,17 @@ class RolloutArgs:
     template: str
     max_tool_output_chars: int
     tool_timeout_s: float
+    tensor_parallel_size: int
+
+    @classmethod
+    def pick(cls, values: dict[str, Any]) -> RolloutArgs:
+        """The shared options out of a command's parameters (its `locals()`), by name."""
+        import dataclasses
+
+        fields = {f.name: values[f.name] for f in dataclasses.fields(cls)}
+        fields["sandbox"] = list(fields["sandbox"] or [])
+        fields["max_response_tokens"] = fields["max_response_tokens"] or 0  # resolved later
+        return cls(**fields)
 
     def check(self) -> None:
         """Values the option parser cannot check; one-line errors before any work."""
@@ -197,6 +211,7 @@ class RolloutArgs:
             ray_address=self.ray_address,
             kv_cache_tokens=self.kv_cache_tokens,
             seed=self.seed,
+            tensor_parallel_size=self.tensor_parallel_size,
         )
 
     def run_settings(self) -> dict[str, Any]:
@@ -211,6 +226,7 @@ class RolloutArgs:
             "kv_mode": self.kv_mode,
             "kv_overcommit": self.kv_overcommit,
             "kv_cache_tokens": self.kv_cache_tokens,
+            "tensor_parallel_size": self.tensor_parallel_size,
         }
 
     def sample_settings(self, model: str) -> dict[str, Any]:

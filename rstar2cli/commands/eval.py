@@ -78,6 +78,7 @@ def eval_cmd(
     kv_mode: str = O.KV_MODE,
     kv_overcommit: float = O.KV_OVERCOMMIT,
     kv_cache_tokens: int | None = O.KV_CACHE_TOKENS,
+    tensor_parallel_size: int = O.TENSOR_PARALLEL_SIZE,
     max_turns: int = O.max_turns_option(O.EVAL_MAX_TURNS),
     max_response_tokens: int | None = O.max_response_tokens_option(O.EVAL_MAX_RESPONSE_TOKENS),
     temperature: float = O.temperature_option(O.EVAL_TEMPERATURE),
@@ -121,11 +122,7 @@ def eval_cmd(
             raise UserError("--grade-only takes no --benchmark/--data/--model/--endpoint")
         _grade_only(console, grade_only, out, force)
         return
-    args = O.RolloutArgs(
-        samples, engines, engine, list(sandbox or []), ray_address, scheduler, kv_mode,
-        kv_overcommit, kv_cache_tokens, max_turns, max_response_tokens or 0, temperature, top_p,
-        seed, template, max_tool_output_chars, tool_timeout_s,
-    )  # fmt: skip
+    args = O.RolloutArgs.pick(locals())
     args.check()
     ks = sorted(set(k or [samples]))
     from rstar2cli.eval.plan import Plan

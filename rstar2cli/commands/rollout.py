@@ -42,6 +42,7 @@ def rollout(
     kv_mode: str = O.KV_MODE,
     kv_overcommit: float = O.KV_OVERCOMMIT,
     kv_cache_tokens: int | None = O.KV_CACHE_TOKENS,
+    tensor_parallel_size: int = O.TENSOR_PARALLEL_SIZE,
     max_turns: int = O.max_turns_option(O.ROLLOUT.max_turns),
     max_response_tokens: int | None = O.max_response_tokens_option(O.ROLLOUT.max_response_tokens),
     temperature: float = O.temperature_option(O.ROLLOUT.temperature),
@@ -59,11 +60,7 @@ def rollout(
     from rstar2cli.rollout_job import make_items
 
     console = Console(highlight=False)
-    args = O.RolloutArgs(
-        samples, engines, engine, list(sandbox or []), ray_address, scheduler, kv_mode,
-        kv_overcommit, kv_cache_tokens, max_turns, max_response_tokens or 0, temperature, top_p,
-        seed, template, max_tool_output_chars, tool_timeout_s,
-    )  # fmt: skip
+    args = O.RolloutArgs.pick(locals())
     check_output_path(out, inputs=(data,), suffix=".jsonl")
     args.check()
     check_model_folder(model)

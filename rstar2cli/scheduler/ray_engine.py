@@ -228,10 +228,16 @@ def start_ray_engines(
     engine is up (they start in parallel)."""
     import ray
 
-    from rstar2cli.scheduler.placement import RayPlacement, has_cluster_gpus, plan_bundles
+    from rstar2cli.scheduler.placement import (
+        RayPlacement,
+        check_paths_on_nodes,
+        has_cluster_gpus,
+        plan_bundles,
+    )
 
     if not ray.is_initialized():
         ray.init(address=None if address == "local" else address)
+    check_paths_on_nodes(sorted({s["model_path"] for s in settings}))  # one line if a node lacks it
     owned = placement is None
     if placement is None:
         tp = int(settings[0].get("tensor_parallel_size", 1))
