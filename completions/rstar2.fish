@@ -69,6 +69,7 @@ complete -c rstar2 -n '__fish_seen_subcommand_from rl-stage' -l help -d 'Show he
 complete -c rstar2 -n '__fish_seen_subcommand_from filter-hard' -l model -d 'HF model folder (weights + tokenizer)' -r -F
 complete -c rstar2 -n '__fish_seen_subcommand_from filter-hard' -l data -d 'Problems .parquet/.jsonl/.json with question and answer' -r -F
 complete -c rstar2 -n '__fish_seen_subcommand_from filter-hard' -l out -d 'Kept problems (.parquet or .jsonl)' -r -F
+complete -c rstar2 -n '__fish_seen_subcommand_from filter-hard' -l force -d 'Overwrite finished outputs; start over'
 complete -c rstar2 -n '__fish_seen_subcommand_from filter-hard' -l samples -d 'Rollouts per problem (paper 8)' -r -F
 complete -c rstar2 -n '__fish_seen_subcommand_from filter-hard' -l engines -d 'Number of inference engines' -r -F
 complete -c rstar2 -n '__fish_seen_subcommand_from filter-hard' -l engine -d 'Engine kind vllm | hf' -r -F
@@ -87,15 +88,20 @@ complete -c rstar2 -n '__fish_seen_subcommand_from filter-hard' -l seed -d 'Samp
 complete -c rstar2 -n '__fish_seen_subcommand_from filter-hard' -l template -d 'Prompt template paper | release' -r -F
 complete -c rstar2 -n '__fish_seen_subcommand_from filter-hard' -l max-tool-output-chars -d 'Tool output kept per call (middle cut); 0 keeps all' -r -F
 complete -c rstar2 -n '__fish_seen_subcommand_from filter-hard' -l tool-timeout -d 'Seconds one tool call may run (> 0)' -r -F
-complete -c rstar2 -n '__fish_seen_subcommand_from filter-hard' -l force -d 'Overwrite finished outputs; start over'
 complete -c rstar2 -n '__fish_seen_subcommand_from filter-hard' -l help -d 'Show help and exit'
 complete -c rstar2 -n '__fish_seen_subcommand_from eval' -l benchmark -d 'Known set (repeatable) aime24, aime25, hmmt25, math500, gsm8k, amc23,' -r -F
 complete -c rstar2 -n '__fish_seen_subcommand_from eval' -l data -d 'Local .jsonl/.json/.parquet in any schema prepare-data reads (repeatab' -r -F
 complete -c rstar2 -n '__fish_seen_subcommand_from eval' -l model -d 'HF model folder to run on local engines' -r -F
 complete -c rstar2 -n '__fish_seen_subcommand_from eval' -l endpoint -d 'OpenAI-compatible server (e.g' -r -F
 complete -c rstar2 -n '__fish_seen_subcommand_from eval' -l tokenizer -d 'With --endpoint tokenizer folder (default the served model id)' -r -F
-complete -c rstar2 -n '__fish_seen_subcommand_from eval' -l samples -d 'Rollouts per problem (paper 16; avg@n averages them)' -r -F
 complete -c rstar2 -n '__fish_seen_subcommand_from eval' -l k -d 'k for pass@k and maj@k (repeatable; default --samples)' -r -F
+complete -c rstar2 -n '__fish_seen_subcommand_from eval' -l max-in-flight -d 'With --endpoint most concurrent requests per server' -r -F
+complete -c rstar2 -n '__fish_seen_subcommand_from eval' -l out -d 'Output folder (results.jsonl, summary.json, eval.png); OUT.jsonl with ' -r -F
+complete -c rstar2 -n '__fish_seen_subcommand_from eval' -l label -d 'Name of this checkpoint in the results (default the model folder name' -r -F
+complete -c rstar2 -n '__fish_seen_subcommand_from eval' -l limit -d 'Evaluate only the first N problems of each benchmark' -r -F
+complete -c rstar2 -n '__fish_seen_subcommand_from eval' -l grade-only -d 'Grade existing responses (fields response, answer) into --out OUT.json' -r -F
+complete -c rstar2 -n '__fish_seen_subcommand_from eval' -l force -d 'With --grade-only overwrite an existing OUT.jsonl'
+complete -c rstar2 -n '__fish_seen_subcommand_from eval' -l samples -d 'Rollouts per problem (paper 16; avg@n averages them)' -r -F
 complete -c rstar2 -n '__fish_seen_subcommand_from eval' -l engines -d 'Number of inference engines' -r -F
 complete -c rstar2 -n '__fish_seen_subcommand_from eval' -l engine -d 'Engine kind vllm | hf' -r -F
 complete -c rstar2 -n '__fish_seen_subcommand_from eval' -l sandbox -d 'sandboxd URL (repeatable); none an in-process sandbox' -r -F
@@ -113,12 +119,6 @@ complete -c rstar2 -n '__fish_seen_subcommand_from eval' -l seed -d 'Sampling se
 complete -c rstar2 -n '__fish_seen_subcommand_from eval' -l template -d 'Prompt template paper | release' -r -F
 complete -c rstar2 -n '__fish_seen_subcommand_from eval' -l max-tool-output-chars -d 'Tool output kept per call (middle cut); 0 keeps all' -r -F
 complete -c rstar2 -n '__fish_seen_subcommand_from eval' -l tool-timeout -d 'Seconds one tool call may run (> 0)' -r -F
-complete -c rstar2 -n '__fish_seen_subcommand_from eval' -l max-in-flight -d 'With --endpoint most concurrent requests per server' -r -F
-complete -c rstar2 -n '__fish_seen_subcommand_from eval' -l out -d 'Output folder (results.jsonl, summary.json, eval.png); OUT.jsonl with ' -r -F
-complete -c rstar2 -n '__fish_seen_subcommand_from eval' -l label -d 'Name of this checkpoint in the results (default the model folder name' -r -F
-complete -c rstar2 -n '__fish_seen_subcommand_from eval' -l limit -d 'Evaluate only the first N problems of each benchmark' -r -F
-complete -c rstar2 -n '__fish_seen_subcommand_from eval' -l grade-only -d 'Grade existing responses (fields response, answer) into --out OUT.json' -r -F
-complete -c rstar2 -n '__fish_seen_subcommand_from eval' -l force -d 'With --grade-only overwrite an existing OUT.jsonl'
 complete -c rstar2 -n '__fish_seen_subcommand_from eval' -l help -d 'Show help and exit'
 complete -c rstar2 -n '__fish_seen_subcommand_from quickstart' -l out -d 'Folder for every stages output, summary.json and pipeline.sh' -r -F
 complete -c rstar2 -n '__fish_seen_subcommand_from quickstart' -l fresh -d 'Delete --out first and start over (default resume)'

@@ -13,7 +13,8 @@ paper, 16 for `eval`). `--max-response-tokens` left out means the protocol's bud
 the model's context, with a warning (`budget_for_model`); given explicitly, a budget the model
 cannot hold is a one-line error.
 
-`RolloutArgs` gathers the parsed values and builds what the rollout job needs from them: the
+`rollout_options` adds them to a command (one list, in one place) and hands them over as one
+`RolloutArgs`, which builds what the rollout job needs from them: the
 agent and scheduler configs, the engine spec, and the settings a resumed run must share
 (`sample_settings`). What it does not do: run anything. Tested in tests/cli/test_bad_outputs.py,
 tests/unit/test_options.py and each command's integration test.
@@ -21,7 +22,10 @@ tests/unit/test_options.py and each command's integration test.
 
 from __future__ import annotations
 
+import functools
+import inspect
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -132,6 +136,50 @@ TOOL_TIMEOUT = typer.Option(
 )
 
 
+def rollout_options(
+    *, samples: int, samples_help: str, max_turns: int, max_response_tokens: int, temperature: float
+) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Give a command the shared options, listed after its own, with this command's sample count
+    and sampling protocol as their defaults. The command takes them as one `args: RolloutArgs`
+    (`args.max_response_tokens` 0: not given; `fit_to_model` resolves it)."""
+    shared = [
+        ("samples", int, samples_option(samples, samples_help)),
+        ("engines", int, ENGINES),
+        ("engine", str, ENGINE),
+        ("sandbox", list[str] | None, SANDBOX),
+        ("ray_address", str | None, RAY_ADDRESS),
+        ("scheduler", str, SCHEDULER),
+        ("kv_mode", str, KV_MODE),
+        ("kv_overcommit", float, KV_OVERCOMMIT),
+        ("kv_cache_tokens", int | None, KV_CACHE_TOKENS),
+        ("tensor_parallel_size", int, TENSOR_PARALLEL_SIZE),
+        ("max_turns", int, max_turns_option(max_turns)),
+        ("max_response_tokens", int | None, max_response_tokens_option(max_response_tokens)),
+        ("temperature", float, temperature_option(temperature)),
+        ("top_p", float, TOP_P),
+        ("seed", int, SEED),
+        ("template", str, TEMPLATE),
+        ("max_tool_output_chars", int, MAX_TOOL_OUTPUT_CHARS),
+        ("tool_timeout_s", float, TOOL_TIMEOUT),
+    ]
+    kw = inspect.Parameter.KEYWORD_ONLY
+    params = [inspect.Parameter(n, kw, default=d, annotation=a) for n, a, d in shared]
+
+    def wrap(command: Callable[..., Any]) -> Callable[..., Any]:
+        own = [p for p in inspect.signature(command).parameters.values() if p.name != "args"]
+
+        @functools.wraps(command)
+        def run(**values: Any) -> Any:
+            picked = {p.name: values.pop(p.name) for p in params}
+            return command(**values, args=RolloutArgs.pick(picked))
+
+        # NOTE: Typer reads the options from this signature (the command's own, then these)
+        run.__signature__ = inspect.Signature([*own, *params])  # type: ignore[attr-defined]
+        return run
+
+    return wrap
+
+
 @dataclass(frozen=True)
 class RolloutArgs:
     """The parsed shared options of one command."""
@@ -157,10 +205,8 @@ class RolloutArgs:
 
     @classmethod
     def pick(cls, values: dict[str, Any]) -> RolloutArgs:
-        """The shared options out of a command's parameters (its `locals()`), by name."""
-        import dataclasses
-
-        fields = {f.name: values[f.name] for f in dataclasses.fields(cls)}
+        """The shared options, by name, as the command line gave them."""
+        fields = dict(values)
         fields["sandbox"] = list(fields["sandbox"] or [])
         fields["max_response_tokens"] = fields["max_response_tokens"] or 0  # resolved later
         return cls(**fields)

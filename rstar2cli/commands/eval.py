@@ -39,6 +39,13 @@ SUMMARY = "summary.json"
 PLOT = "eval.png"
 
 
+@O.rollout_options(
+    samples=O.EVAL_SAMPLES,
+    samples_help="paper: 16; avg@n averages them",
+    max_turns=O.EVAL_MAX_TURNS,
+    max_response_tokens=O.EVAL_MAX_RESPONSE_TOKENS,
+    temperature=O.EVAL_TEMPERATURE,
+)
 def eval_cmd(
     benchmark: list[str] | None = typer.Option(
         None,
@@ -66,27 +73,9 @@ def eval_cmd(
         "--tokenizer",
         help="With --endpoint: tokenizer folder (default: the served model id).",
     ),
-    samples: int = O.samples_option(O.EVAL_SAMPLES, "paper: 16; avg@n averages them"),
     k: list[int] | None = typer.Option(
         None, "--k", metavar="K", help="k for pass@k and maj@k (repeatable; default: --samples)."
     ),
-    engines: int = O.ENGINES,
-    engine: str = O.ENGINE,
-    sandbox: list[str] | None = O.SANDBOX,
-    ray_address: str | None = O.RAY_ADDRESS,
-    scheduler: str = O.SCHEDULER,
-    kv_mode: str = O.KV_MODE,
-    kv_overcommit: float = O.KV_OVERCOMMIT,
-    kv_cache_tokens: int | None = O.KV_CACHE_TOKENS,
-    tensor_parallel_size: int = O.TENSOR_PARALLEL_SIZE,
-    max_turns: int = O.max_turns_option(O.EVAL_MAX_TURNS),
-    max_response_tokens: int | None = O.max_response_tokens_option(O.EVAL_MAX_RESPONSE_TOKENS),
-    temperature: float = O.temperature_option(O.EVAL_TEMPERATURE),
-    top_p: float = O.TOP_P,
-    seed: int = O.SEED,
-    template: str = O.TEMPLATE,
-    max_tool_output_chars: int = O.MAX_TOOL_OUTPUT_CHARS,
-    tool_timeout_s: float = O.TOOL_TIMEOUT,
     max_in_flight: int = typer.Option(
         64, "--max-in-flight", min=1, help="With --endpoint: most concurrent requests per server."
     ),
@@ -112,6 +101,8 @@ def eval_cmd(
     force: bool = typer.Option(
         False, "--force", help="With --grade-only: overwrite an existing OUT.jsonl."
     ),
+    *,
+    args: O.RolloutArgs,
 ) -> None:
     """Evaluate a checkpoint: avg@n / pass@k / maj@k and tool statistics on math benchmarks."""
     from rich.console import Console
@@ -122,14 +113,13 @@ def eval_cmd(
             raise UserError("--grade-only takes no --benchmark/--data/--model/--endpoint")
         _grade_only(console, grade_only, out, force)
         return
-    args = O.RolloutArgs.pick(locals())
     args.check()
-    ks = sorted(set(k or [samples]))
+    ks = sorted(set(k or [args.samples]))
     from rstar2cli.eval.plan import Plan
 
     plan = Plan.check(
-        benchmark or [], data or [], model, endpoint or [], tokenizer, args.sandbox, engine, out,
-        ks, samples,
+        benchmark or [], data or [], model, endpoint or [], tokenizer, args.sandbox, args.engine, out,
+        ks, args.samples,
     )  # fmt: skip
     if limit is not None:
         for bench in plan.benchmarks:
@@ -137,15 +127,15 @@ def eval_cmd(
     label = label or plan.default_label
     from rstar2cli.eval.results import pending_items
 
-    items, owner = pending_items(plan.benchmarks, samples, plan.out / RESULTS, label)
+    items, owner = pending_items(plan.benchmarks, args.samples, plan.out / RESULTS, label)
     fit = None
     if items:
         fit = O.fit_to_model(
             console, "eval", plan.model or plan.tokenizer_path, plan.tokenizer_path, args,
-            [i["question"] for i in items], max_response_tokens, O.EVAL_MAX_RESPONSE_TOKENS,
+            [i["question"] for i in items], args.max_response_tokens or None, O.EVAL_MAX_RESPONSE_TOKENS,
         )  # fmt: skip
         args = fit.args
-    settings = _settings(plan, args, label, ks, max_response_tokens)
+    settings = _settings(plan, args, label, ks, args.max_response_tokens or None)
     _record_settings(plan.out, label, settings)
     _print_plan(console, plan, settings, len(items))
     if fit is not None:

@@ -29,31 +29,22 @@ from rstar2cli import options as O
 from rstar2cli.errors import UserError
 
 
+@O.rollout_options(
+    samples=O.FILTER_SAMPLES,
+    samples_help="paper: 8",
+    max_turns=O.ROLLOUT.max_turns,
+    max_response_tokens=O.FILTER_MAX_RESPONSE_TOKENS,
+    temperature=O.ROLLOUT.temperature,
+)
 def filter_hard(
     model: Path = O.MODEL,
     data: Path = typer.Option(
         ..., "--data", help="Problems: .parquet/.jsonl/.json with 'question' and 'answer'."
     ),
     out: Path = typer.Option(..., "--out", help="Kept problems (.parquet or .jsonl)."),
-    samples: int = O.samples_option(O.FILTER_SAMPLES, "paper: 8"),
-    engines: int = O.ENGINES,
-    engine: str = O.ENGINE,
-    sandbox: list[str] | None = O.SANDBOX,
-    ray_address: str | None = O.RAY_ADDRESS,
-    scheduler: str = O.SCHEDULER,
-    kv_mode: str = O.KV_MODE,
-    kv_overcommit: float = O.KV_OVERCOMMIT,
-    kv_cache_tokens: int | None = O.KV_CACHE_TOKENS,
-    tensor_parallel_size: int = O.TENSOR_PARALLEL_SIZE,
-    max_turns: int = O.max_turns_option(O.ROLLOUT.max_turns),
-    max_response_tokens: int | None = O.max_response_tokens_option(O.FILTER_MAX_RESPONSE_TOKENS),
-    temperature: float = O.temperature_option(O.ROLLOUT.temperature),
-    top_p: float = O.TOP_P,
-    seed: int = O.SEED,
-    template: str = O.TEMPLATE,
-    max_tool_output_chars: int = O.MAX_TOOL_OUTPUT_CHARS,
-    tool_timeout_s: float = O.TOOL_TIMEOUT,
     force: bool = typer.Option(False, "--force", help="Overwrite finished outputs; start over."),
+    *,
+    args: O.RolloutArgs,
 ) -> None:
     """Sample k rollouts per problem with a checkpoint; keep the problems it does not solve k/k."""
     from rich.console import Console
@@ -68,7 +59,6 @@ def filter_hard(
     from rstar2cli.rollout_job import make_items
 
     console = Console(highlight=False)
-    args = O.RolloutArgs.pick(locals())
     if out.suffix.lower() not in (".parquet", ".jsonl"):
         raise UserError(f"--out must end in .parquet or .jsonl, got {out.name}")
     paths = _paths(out)
@@ -84,7 +74,7 @@ def filter_hard(
         check_sandboxes(args.sandbox)
     fit = O.fit_to_model(
         console, "filter-hard", model, model, args, [p["question"] for p in problems],
-        max_response_tokens, O.FILTER_MAX_RESPONSE_TOKENS,
+        args.max_response_tokens or None, O.FILTER_MAX_RESPONSE_TOKENS,
     )  # fmt: skip
     args = fit.args
     if force:
@@ -96,14 +86,14 @@ def filter_hard(
     O.start_run_state(
         paths["stats"], settings, args.run_settings(), len(done), str(paths["samples"])
     )
-    items = make_items(problems, samples, done)
+    items = make_items(problems, args.samples, done)
     if items:
         if done:
             console.print(f"filter-hard: resuming: {len(done)} samples already graded")
         _sample(console, model, args, fit, items, paths)
-    counts = _count(problems, read_jsonl_if_exists(paths["samples"]), samples)
-    _write(rows, problems, counts, samples, out)
-    _print_histogram(console, counts, samples, out)
+    counts = _count(problems, read_jsonl_if_exists(paths["samples"]), args.samples)
+    _write(rows, problems, counts, args.samples, out)
+    _print_histogram(console, counts, args.samples, out)
 
 
 def _paths(out: Path) -> dict[str, Path]:

@@ -25,6 +25,13 @@ import typer
 from rstar2cli import options as O
 
 
+@O.rollout_options(
+    samples=1,
+    samples_help="each one graded when the problem has an answer",
+    max_turns=O.ROLLOUT.max_turns,
+    max_response_tokens=O.ROLLOUT.max_response_tokens,
+    temperature=O.ROLLOUT.temperature,
+)
 def rollout(
     model: Path = O.MODEL,
     data: Path = typer.Option(
@@ -33,24 +40,8 @@ def rollout(
     out: Path = typer.Option(
         ..., "--out", help="Trajectory records, one JSON line each (appended; resumable)."
     ),
-    samples: int = O.samples_option(1, "each one graded when the problem has an answer"),
-    engines: int = O.ENGINES,
-    engine: str = O.ENGINE,
-    sandbox: list[str] | None = O.SANDBOX,
-    ray_address: str | None = O.RAY_ADDRESS,
-    scheduler: str = O.SCHEDULER,
-    kv_mode: str = O.KV_MODE,
-    kv_overcommit: float = O.KV_OVERCOMMIT,
-    kv_cache_tokens: int | None = O.KV_CACHE_TOKENS,
-    tensor_parallel_size: int = O.TENSOR_PARALLEL_SIZE,
-    max_turns: int = O.max_turns_option(O.ROLLOUT.max_turns),
-    max_response_tokens: int | None = O.max_response_tokens_option(O.ROLLOUT.max_response_tokens),
-    temperature: float = O.temperature_option(O.ROLLOUT.temperature),
-    top_p: float = O.TOP_P,
-    seed: int = O.SEED,
-    template: str = O.TEMPLATE,
-    max_tool_output_chars: int = O.MAX_TOOL_OUTPUT_CHARS,
-    tool_timeout_s: float = O.TOOL_TIMEOUT,
+    *,
+    args: O.RolloutArgs,
 ) -> None:
     """Roll out tool-using trajectories with the KV-cache-aware scheduler."""
     from rich.console import Console
@@ -60,7 +51,6 @@ def rollout(
     from rstar2cli.rollout_job import make_items
 
     console = Console(highlight=False)
-    args = O.RolloutArgs.pick(locals())
     check_output_path(out, inputs=(data,), suffix=".jsonl")
     args.check()
     check_model_folder(model)
@@ -69,15 +59,15 @@ def rollout(
         check_sandboxes(args.sandbox)
     stats_path = out.with_name(out.stem + ".stats.json")
     done = {(str(r.get("id")), int(r.get("sample", 0))) for r in read_jsonl_if_exists(out)}
-    items = make_items(problems, samples, done)
+    items = make_items(problems, args.samples, done)
     if not items:
         console.print(
-            f"rollout: all {len(problems) * samples} trajectories already in {out}; nothing to do"
+            f"rollout: all {len(problems) * args.samples} trajectories already in {out}; nothing to do"
         )
         return
     fit = O.fit_to_model(
         console, "rollout", model, model, args, [i["question"] for i in items],
-        max_response_tokens, O.ROLLOUT.max_response_tokens,
+        args.max_response_tokens or None, O.ROLLOUT.max_response_tokens,
     )  # fmt: skip
     args = fit.args
     settings = args.sample_settings(O.model_fingerprint(model))
