@@ -90,6 +90,14 @@ def test_rl_recipe_of_a_run_that_never_started_does_not_block(rl):
     assert "different recipe" in line and "sandbox" in line
 
 
+def test_rl_budget_beyond_the_models_context_is_one_line(rl):
+    (rl["model"] / "config.json").write_text(json.dumps({"max_position_embeddings": 512}))
+    # the tiny recipe asks for 512 prompt + 384 response tokens
+    line = _one_line_error(_rl(rl, rl["good"]))
+    assert "896 exceeds the model's context of 512" in line
+    assert not rl["out"].exists() or not (rl["out"] / "recipe.yaml").exists()
+
+
 @pytest.mark.parametrize("content", ["", "- a\n- list\n"])
 def test_rl_bad_recipe_file_in_out_is_one_line(rl, content):
     rl["out"].mkdir()
