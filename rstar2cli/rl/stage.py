@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from rstar2cli.errors import UserError
-from rstar2cli.rl.recipe import RlRecipe, kept_per_problem
+from rstar2cli.rl.recipe import RlRecipe
 from rstar2cli.rl.roc import (
     RolloutSummary,
     drop_equal_reward_groups,
@@ -163,8 +163,7 @@ class StageRun:
         self.recipe, self.opts = recipe, opts
         self.problems, self.eval_problems, self.tokenizer = problems, eval_problems, tokenizer
         self.ckpt_dir = opts.out / "checkpoints"
-        self.trainers: Any = None
-        self.gas = 1
+        self.trainers: Any = None  # a rstar2cli.rl.workers.Trainers once started
         self.engines: list[Any] = []
 
     # -- set-up ---------------------------------------------------------------------------
@@ -192,14 +191,11 @@ class StageRun:
 
     def _start_trainers(self) -> tuple[int, bool]:
         """Build the ranks and load state; returns (first step, weights differ from recipe.model)."""
-        from rstar2cli.rl.trainer import accumulation_steps
         from rstar2cli.rl.workers import make_trainers
         from rstar2cli.train_utils import set_rng_state
 
         r = self.recipe
-        max_traj = r.rollout.num_prompts_per_step * kept_per_problem(r.rollout, r.roc)
-        self.gas = accumulation_steps(max_traj, r.train, r.train.num_trainer_ranks)
-        self.trainers = make_trainers(r.model, r.train, self.gas, self.opts.ray_address)
+        self.trainers = make_trainers(r.model, r.train, self.opts.ray_address)
         client = self.trainers.load_checkpoint(self.ckpt_dir)
         if client is not None:
             set_rng_state(client["rng"])
@@ -286,7 +282,7 @@ class StageRun:
 
     async def _step(self, step: int, tools: Any, grader: Any, rep: Any) -> None:
         from rstar2cli.rl.rollouts import make_items, request_seed_base, rollout_and_grade
-        from rstar2cli.sft.train import batch_indices
+        from rstar2cli.train_utils import batch_indices
 
         r = self.recipe
         began = time.perf_counter()
@@ -353,17 +349,20 @@ class StageRun:
     def _update(self, samples: list[TrainSample], step: int) -> list[UpdateSums]:
         from rstar2cli.rl.trainer import plan_update
 
+        t = self.recipe.train
         plan, tokens = plan_update(
             samples,
-            self.recipe.train.num_mini_batches,
+            t.num_mini_batches,
             self.trainers.world,
-            self.gas,
-            (self.recipe.train.seed, step, 2),
+            t.max_tokens_per_micro_batch,
+            (t.seed, step, 2),
         )
         return self.trainers.update(plan, tokens)
 
     async def _push_weights(self) -> None:
-        weights = self.trainers.named_weights()
+        # NOTE: a collective: every trainer rank gathers module by module, rank 0's buckets
+        # arrive here; the engines then load the whole dict.
+        weights = {name: t for bucket in self.trainers.weight_buckets() for name, t in bucket}
         await asyncio.gather(*(e.update_weights(weights) for e in self.engines))
 
     async def _evaluate(self, step: int, tools: Any, grader: Any, rep: Any) -> float:

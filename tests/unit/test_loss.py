@@ -148,3 +148,62 @@ def test_token_logprobs_and_entropy():
         token_logprobs(logits, targets), torch.tensor([[-math.log(4), math.log(0.5)]])
     )
     assert torch.allclose(token_entropy(logits), torch.tensor([[math.log(4), 1.242453]]), atol=1e-5)
+
+
+def test_chunked_logprobs_equal_the_full_logits_values_and_gradients():
+    from rstar2cli.lm_scoring import chunked_logprobs
+
+    # 7 positions in chunks of 3 (3 + 3 + 1), a 5-word vocabulary: the same numbers as one
+    # full [7, 5] log-softmax, and the same gradients for the hidden states and the head.
+    torch.manual_seed(0)
+    head = torch.nn.Linear(4, 5, bias=False)
+    hidden = torch.randn(7, 4, requires_grad=True)
+    targets = torch.tensor([0, 4, 2, 2, 1, 3, 0])
+    weights = torch.randn(7)  # a stand-in for the per-token loss weights
+    logp, entropy = chunked_logprobs(
+        hidden, head, targets, with_entropy=True, entropy_grad=True, chunk_tokens=3
+    )
+    ((logp * weights).sum() + entropy.sum()).backward()
+    got = (hidden.grad.clone(), head.weight.grad.clone())
+    hidden.grad, head.weight.grad = None, None
+
+    logits = head(hidden)[None]  # [1, 7, 5]
+    full_logp = token_logprobs(logits, targets[None])[0]  # [7]
+    full_entropy = token_entropy(logits)[0]  # [7]
+    ((full_logp * weights).sum() + full_entropy.sum()).backward()
+    assert torch.allclose(logp, full_logp, atol=1e-6)
+    assert torch.allclose(entropy, full_entropy, atol=1e-6)
+    assert torch.allclose(got[0], hidden.grad, atol=1e-6)
+    assert torch.allclose(got[1], head.weight.grad, atol=1e-6)
+
+
+def test_chunked_entropy_metric_adds_no_gradient():
+    from rstar2cli.lm_scoring import chunked_logprobs
+
+    torch.manual_seed(1)
+    head = torch.nn.Linear(4, 5, bias=False)
+    hidden = torch.randn(6, 4, requires_grad=True)
+    targets = torch.tensor([1, 2, 3, 4, 0, 1])
+    logp, entropy = chunked_logprobs(hidden, head, targets, with_entropy=True, chunk_tokens=4)
+    assert entropy is not None and not entropy.requires_grad and logp.requires_grad
+    no_entropy, none = chunked_logprobs(hidden, head, targets, chunk_tokens=4)
+    assert none is None and torch.equal(logp, no_entropy)
+
+
+def test_scoring_lm_matches_the_models_own_logits(tiny_model_dir):
+    from transformers import AutoModelForCausalLM
+
+    from rstar2cli.lm_scoring import ScoringLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    ids = torch.tensor([[5, 9, 12, 40, 41, 7], [3, 8, 2, 2, 0, 0]])  # [2, 6]
+    attn = torch.tensor([[1, 1, 1, 1, 1, 1], [1, 1, 1, 1, 0, 0]])
+    rows, cols = torch.tensor([0, 0, 1, 1]), torch.tensor([2, 4, 0, 2])
+    targets = ids[rows, cols + 1]  # position t predicts token t + 1
+    with torch.no_grad():
+        logp, entropy = ScoringLM(model)(
+            ids, rows, cols, targets, attention_mask=attn, with_entropy=True
+        )
+        logits = model(input_ids=ids, attention_mask=attn).logits[rows, cols][None]  # [1, 4, V]
+    assert torch.allclose(logp, token_logprobs(logits, targets[None])[0], atol=1e-5)
+    assert torch.allclose(entropy, token_entropy(logits)[0], atol=1e-5)
