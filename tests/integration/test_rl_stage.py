@@ -14,8 +14,10 @@ something to choose from, and the update is not zero.
   the engine samples each request with its own generator; the engine gets the checkpoint's
   weights before the first rollout after the resume. This test uses the transformers engine, whose
   per-request generators make samples independent of how requests are batched together.
-- test_ray_two_engine_actors_two_trainer_ranks: 2 vLLM engine actors + 2 DeepSpeed ranks (gloo)
-  placed by a local Ray instance, two steps; one of them trains and the weights move.
+- test_ray_two_engine_actors_two_trainer_ranks_zero3: 2 vLLM engine actors + 2 DeepSpeed ranks
+  (gloo) under ZeRO-3 placed by a local Ray instance, two steps; one of them trains, the engines
+  get the new weights (both ranks gather each module; a rank left out of a gather used to hang
+  the run in phase "sync") and the final weights move.
 """
 
 from __future__ import annotations
@@ -49,7 +51,7 @@ SETS = [
     "train.num_steps=2",
     "train.lr=1.0e-3",
     "train.warmup_steps=1",
-    "train.micro_batch_size=4",
+    "train.max_tokens_per_micro_batch=1024",
     "checkpoint.every_steps=1",
     "eval.every_steps=1",
     "eval.num_problems=2",
@@ -256,8 +258,8 @@ def test_kill_during_step_two_then_resume_matches(setup, uninterrupted):
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
 
 
-def test_ray_two_engine_actors_two_trainer_ranks(setup):
-    """Scale-out placed by Ray on a local instance: 2 vLLM engine actors, 2 DeepSpeed ranks (gloo)."""
+def test_ray_two_engine_actors_two_trainer_ranks_zero3(setup):
+    """Scale-out placed by Ray on a local instance: 2 vLLM engine actors, 2 ZeRO-3 ranks (gloo)."""
     import torch
 
     out = setup["root"] / "run_ray"
@@ -268,6 +270,8 @@ def test_ray_two_engine_actors_two_trainer_ranks(setup):
         "rollout.num_engines=2",
         "--set",
         "train.num_trainer_ranks=2",
+        "--set",
+        "train.zero_stage=3",
         "--set",
         "train.num_steps=2",
         "--set",

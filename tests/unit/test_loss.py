@@ -207,3 +207,40 @@ def test_scoring_lm_matches_the_models_own_logits(tiny_model_dir):
         logits = model(input_ids=ids, attention_mask=attn).logits[rows, cols][None]  # [1, 4, V]
     assert torch.allclose(logp, token_logprobs(logits, targets[None])[0], atol=1e-5)
     assert torch.allclose(entropy, token_entropy(logits)[0], atol=1e-5)
+
+
+def _two_mini_batch_update(eps_high: float) -> tuple[torch.Tensor, list[float]]:
+    """The trainer's order on a one-position, three-word policy: old log-probs once, before the
+    first step; then one SGD step (lr 1) per mini-batch. Each mini-batch holds word 0, A = +1."""
+    logits = torch.zeros(3, requires_grad=True)
+    old = torch.log_softmax(logits.detach(), -1)[0].reshape(1, 1)  # log 1/3, before any step
+    clip_high = []
+    for _ in range(2):
+        logp = torch.log_softmax(logits, -1)[0].reshape(1, 1)
+        loss, metrics = ppo_clip_loss(
+            logp, old, torch.tensor([1.0]), torch.ones(1, 1), eps_high=eps_high
+        )
+        logits.grad = None
+        loss.backward()
+        with torch.no_grad():
+            logits -= logits.grad
+        clip_high.append(metrics.clip_frac_high)
+    return logits.detach(), clip_high
+
+
+def test_clip_high_bounds_the_second_mini_batch_update():
+    # Mini-batch 1: ratio 1, loss -r, d(-r)/dz = -(onehot(0) - p) = -(2/3, -1/3, -1/3);
+    #   one SGD step: z = (2/3, -1/3, -1/3), p0 = e / (e + 2) = 0.576117, ratio 1.728352.
+    # Mini-batch 2 (old log-probs still from before step 1): ratio 1.728352 > 1 + 0.28, A > 0:
+    #   per token -min(r, 1.28) = -1.28, a constant: zero gradient, z stays where it was.
+    logits, clip_high = _two_mini_batch_update(eps_high=0.28)
+    assert torch.allclose(logits, torch.tensor([2 / 3, -1 / 3, -1 / 3]), atol=1e-6)
+    assert clip_high == [0.0, 1.0]
+    p0 = torch.softmax(logits, -1)[0].item()
+    assert p0 == pytest.approx(math.e / (math.e + 2), abs=1e-6)
+    assert p0 / (1 / 3) == pytest.approx(1.728352, abs=1e-5)
+    # Without the clip (eps_high 10) the second step pushes on: -r (onehot(0) - p) with
+    #   r = 1.728352, p = (0.576117, 0.211942, 0.211942): z0 += 1.728352 x 0.423883 = 0.732618
+    free, free_high = _two_mini_batch_update(eps_high=10.0)
+    assert free_high == [0.0, 0.0]
+    assert free[0].item() == pytest.approx(2 / 3 + 0.732618, abs=1e-5)
