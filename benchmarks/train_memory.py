@@ -11,19 +11,25 @@ backward per micro-batch, a torch AdamW step at the end; each path in its own pr
 - new: what the trainers run now: `rstar2cli.lm_scoring.ScoringLM` (log-probs and entropy of the
   model tokens only, in chunks, recomputed in backward) with gradient checkpointing of the
   decoder layers.
-Per path: peak RSS during the timed step (VmHWM, reset after a warm-up step), the resident state
-before it (weights, AdamW moments), bytes per trained token = (peak - state) / tokens of the
-micro-batch, and the step time. Ratios: memory = old / new bytes per token (target >= 3), time =
-new / old step time (target <= 1.3). glibc is told to return freed blocks >= 64 KB to the system
-(MALLOC_MMAP_THRESHOLD_), so RSS follows what is live.
+Per path, two processes, each timing or measuring one step after a warm-up step:
+- memory: glibc unmaps every freed block of 64 KB or more (MALLOC_MMAP_THRESHOLD_), so RSS
+  follows the live tensors: peak RSS during the step (VmHWM, reset before it), the resident state
+  before it (weights, AdamW moments), bytes per trained token = (peak - state) / tokens of the
+  micro-batch;
+- time: glibc as is; wall seconds and CPU seconds of the step. One torch thread (`--threads`), so
+  the CPU seconds are the step's compute even on a box other jobs load, where wall time swings by
+  tens of percent from run to run.
+Ratios: memory = old / new bytes per token (target >= 3); time = new / old CPU seconds of the
+step (target <= 1.3; the wall-clock ratio is printed too).
 
 Part 2 (computed). The per-token bytes of each path from the model's shapes (the formulas in
-`activation_bytes_per_token`, printed next to the measurement of part 1 as a check), and per GPU
+`activation_bytes_per_token`, plus the new path's fixed chunk spread over the micro-batch: printed
+next to the measurement of part 1 as a check of the formulas), and per GPU
 the ZeRO-3 state of Qwen3-14B on 32 ranks, the gathered output layer and the chunk; the table
 gives the longest micro-batch (tokens, and whole 8K / 12K trajectories) that fits 80 GiB and
 192 GiB, bf16.
 
-Run (from the repository root; ~5 minutes on 2 cores, ~9 GB of RAM at the old path's peak):
+Run (from the repository root; ~15 minutes on 2 busy cores, ~5 GB of RAM at the old path's peak):
     python benchmarks/train_memory.py --json runs/train_memory.json
 """
 
@@ -106,7 +112,7 @@ def trajectories() -> list[Any]:
 
 def old_score(model: Any, sample: Any) -> tuple[Any, Any, Any, Any]:
     """The update as it was: full logits, full-vocabulary log-softmax and entropy.
-    Returns logprobs, entropy (no grad), mask [1, T] and advantages [1]."""
+    Returns logprobs, entropy (no grad) or None, mask [1, T] and advantages [1]."""
     import torch
 
     from rstar2cli.rl.loss import token_entropy, token_logprobs
@@ -115,15 +121,18 @@ def old_score(model: Any, sample: Any) -> tuple[Any, Any, Any, Any]:
     start = len(sample.prompt_ids) - 1
     logits = model(input_ids=ids, use_cache=False).logits[:, start:-1]  # [1, T, V]
     logprobs = token_logprobs(logits, ids[:, start + 1 :])  # [1, T]
-    with torch.no_grad():
-        entropy = token_entropy(logits.detach())  # [1, T]
+    entropy = None
+    if torch.is_grad_enabled():  # NOTE: the old trainer took the entropy metric in this pass only
+        with torch.no_grad():
+            entropy = token_entropy(logits.detach())  # [1, T]
     mask = torch.tensor([sample.loss_mask], dtype=torch.bool)  # [1, T]
     return logprobs, entropy, mask, torch.tensor([sample.advantage])
 
 
 def new_score(model: Any, sample: Any) -> tuple[Any, Any, Any, Any]:
-    """As `rstar2cli.rl.trainer.PolicyTrainer` runs it: model tokens only, chunked.
-    Returns logprobs, entropy (no grad), mask and advantages, all [1, N]."""
+    """As `rstar2cli.rl.trainer.PolicyTrainer` runs it: model tokens only, chunked; the entropy
+    (a metric) only in the no-grad pass. Returns logprobs, entropy or None, mask and advantages,
+    all [1, N]."""
     import torch
 
     from rstar2cli.rl.trainer import collate
@@ -135,10 +144,11 @@ def new_score(model: Any, sample: Any) -> tuple[Any, Any, Any, Any]:
         cols=batch.cols,
         targets=batch.targets,
         attention_mask=batch.attention_mask,
-        with_entropy=True,
-    )  # [N], [N]
+        with_entropy=not torch.is_grad_enabled(),
+    )  # [N], [N] or None
     mask = torch.ones_like(logprobs, dtype=torch.bool)  # [N]
-    return logprobs[None], entropy[None], mask[None], batch.advantages[None]
+    entropy = None if entropy is None else entropy[None]
+    return logprobs[None], entropy, mask[None], batch.advantages[None]
 
 
 def proc_status_kb(field: str) -> int:
@@ -148,7 +158,8 @@ def proc_status_kb(field: str) -> int:
     raise RuntimeError(f"{field} not in /proc/self/status")
 
 
-def worker(path: str, model_dir: str) -> dict[str, float]:
+def worker(path: str, mode: str, model_dir: str) -> dict[str, float]:
+    import ctypes
     import gc
 
     import torch
@@ -173,9 +184,10 @@ def worker(path: str, model_dir: str) -> dict[str, float]:
         """An RL update: old log-probs (no grad), then forward + loss + backward per
         micro-batch, one optimizer step."""
         with torch.no_grad():
-            old = [score(model, sample)[0] for sample in samples]
-        for sample, old_logprobs in zip(samples, old, strict=True):
+            old = [score(model, sample)[:2] for sample in samples]
+        for sample, (old_logprobs, old_entropy) in zip(samples, old, strict=True):
             logprobs, entropy, mask, adv = score(model, sample)
+            entropy = old_entropy if entropy is None else entropy  # the new path's metric
             loss, _ = ppo_clip_loss(logprobs, old_logprobs, adv, mask, entropy=entropy)
             loss.backward()
         optimizer.step()
@@ -183,29 +195,41 @@ def worker(path: str, model_dir: str) -> dict[str, float]:
 
     step()  # warm-up: AdamW allocates its moments here
     gc.collect()
+    if mode == "time":
+        began_wall, began_cpu = time.perf_counter(), time.process_time()
+        step()
+        return {
+            "step_s": time.perf_counter() - began_wall,
+            "step_cpu_s": time.process_time() - began_cpu,
+        }
+    ctypes.CDLL("libc.so.6").malloc_trim(0)
     state_kb = proc_status_kb("VmRSS")
     Path("/proc/self/clear_refs").write_text("5")  # NOTE: resets VmHWM to the current RSS
-    began = time.perf_counter()
     step()
-    step_s = time.perf_counter() - began
     peak_kb = proc_status_kb("VmHWM")
     return {
         "peak_rss_mb": peak_kb / 1024,
         "state_rss_mb": state_kb / 1024,
         "bytes_per_token": (peak_kb - state_kb) * 1024 / SEQ_TOKENS,
-        "step_s": step_s,
     }
 
 
-def run_path(path: str, model_dir: Path) -> dict[str, float]:
-    env = {
-        **os.environ,
-        "MALLOC_MMAP_THRESHOLD_": "65536",
-        "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
-    }
-    cmd = [sys.executable, __file__, "--worker", path, "--model", str(model_dir)]
-    out = subprocess.run(cmd, check=True, capture_output=True, text=True, env=env).stdout
-    return json.loads(out.strip().splitlines()[-1])
+def run_path(path: str, model_dir: Path, num_threads: int) -> dict[str, float]:
+    """Two processes: memory (glibc unmaps every freed block of 64 KB or more, so RSS follows the
+    live tensors; the page faults that costs would distort the time) and time (glibc as is)."""
+    out: dict[str, float] = {}
+    for mode in ("memory", "time"):
+        env = {
+            **os.environ,
+            "OMP_NUM_THREADS": str(num_threads),
+            "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
+        }
+        if mode == "memory":
+            env["MALLOC_MMAP_THRESHOLD_"] = str(64 * 1024)
+        cmd = [sys.executable, __file__, "--worker", path, mode, "--model", str(model_dir)]
+        res = subprocess.run(cmd, check=True, capture_output=True, text=True, env=env).stdout
+        out.update(json.loads(res.strip().splitlines()[-1]))
+    return out
 
 
 # ---------------------------------------------------------------------------------------------
@@ -242,12 +266,16 @@ def fixed_bytes(s: Shape, path: str, world: int) -> float:
     """Per GPU, not per token: ZeRO-3 state (bf16 weights, fp32 gradients, fp32 master and AdamW
     moments: 18 bytes a parameter over the ranks), the gathered output layer and its gradient
     (bf16), and for the new path the fp32 chunk tensors of `rstar2cli.lm_scoring`."""
-    from rstar2cli.lm_scoring import CHUNK_TOKENS
-
     state = s.num_params * 18 / world
     gathered = 2 * s.vocab * s.hidden * 2
-    chunk = 4 * CHUNK_TOKENS * s.vocab * 4 if path == "new" else 0
-    return state + gathered + chunk
+    return state + gathered + (chunk_bytes(s) if path == "new" else 0)
+
+
+def chunk_bytes(s: Shape) -> float:
+    """The new path's output-layer chunk: logits, their exp and two gradients, fp32."""
+    from rstar2cli.lm_scoring import CHUNK_TOKENS
+
+    return 4 * CHUNK_TOKENS * s.vocab * 4
 
 
 def fits_table(world: int = 32) -> list[dict[str, Any]]:
@@ -278,21 +306,35 @@ def fits_table(world: int = 32) -> list[dict[str, Any]]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--json", type=Path, help="Also write the results to this file.")
-    ap.add_argument("--worker", choices=["old", "new"], help=argparse.SUPPRESS)
+    ap.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch threads per path (1: steady timings on a shared box, where spinning "
+        "OpenMP threads make two-thread runs slower and noisy).",
+    )
+    ap.add_argument("--worker", nargs=2, metavar=("PATH", "MODE"), help=argparse.SUPPRESS)
     ap.add_argument("--model", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
-        print(json.dumps(worker(args.worker, args.model)))
+        print(json.dumps(worker(*args.worker, args.model)))
         return
     with tempfile.TemporaryDirectory() as tmp:
         num_params = build_model(Path(tmp))
-        res: dict[str, Any] = {p: run_path(p, Path(tmp)) for p in ("old", "new")}
+        res: dict[str, Any] = {p: run_path(p, Path(tmp), args.threads) for p in ("old", "new")}
     shape = BENCH.__class__(**{**BENCH.__dict__, "num_params": float(num_params)})
     res["memory_ratio"] = res["old"]["bytes_per_token"] / res["new"]["bytes_per_token"]
-    res["time_ratio"] = res["new"]["step_s"] / res["old"]["step_s"]
+    res["time_ratio"] = res["new"]["step_cpu_s"] / res["old"]["step_cpu_s"]
+    res["time_ratio_wall"] = res["new"]["step_s"] / res["old"]["step_s"]
     for p in ("old", "new"):
-        res[p]["predicted_bytes_per_token"] = activation_bytes_per_token(shape, p, dtype_bytes=4)
-    res["model"] = {**shape.__dict__, "seq_tokens": SEQ_TOKENS, "micro_batch_tokens": SEQ_TOKENS}
+        chunk = chunk_bytes(shape) / SEQ_TOKENS if p == "new" else 0.0
+        res[p]["predicted_bytes_per_token"] = activation_bytes_per_token(shape, p, 4) + chunk
+    res["model"] = {
+        **shape.__dict__,
+        "seq_tokens": SEQ_TOKENS,
+        "micro_batch_tokens": SEQ_TOKENS,
+        "num_threads": args.threads,
+    }
     res["qwen3_14b_32_ranks"] = fits_table()
     report(res)
     if args.json:
@@ -304,21 +346,24 @@ def report(res: dict[str, Any]) -> None:
     m = res["model"]
     print(
         f"Part 1: {m['num_params'] / 1e6:.1f}M-parameter Qwen3-architecture model, vocab "
-        f"{m['vocab']}, {m['seq_tokens']}-token trajectories, one per micro-batch, fp32 on CPU"
+        f"{m['vocab']}, {m['seq_tokens']}-token trajectories, one per micro-batch, fp32 on CPU, "
+        f"{m['num_threads']} thread(s)"
     )
     print(
-        f"{'path':<5} {'peak RSS MB':>12} {'state MB':>9} {'KB/token':>9} {'predicted':>10} {'step s':>7}"
+        f"{'path':<5} {'peak RSS MB':>12} {'state MB':>9} {'KB/token':>9} {'predicted':>10} "
+        f"{'step s':>7} {'CPU s':>7}"
     )
     for p in ("old", "new"):
         r = res[p]
         print(
             f"{p:<5} {r['peak_rss_mb']:>12.0f} {r['state_rss_mb']:>9.0f} "
             f"{r['bytes_per_token'] / 1024:>9.1f} {r['predicted_bytes_per_token'] / 1024:>10.1f} "
-            f"{r['step_s']:>7.1f}"
+            f"{r['step_s']:>7.1f} {r['step_cpu_s']:>7.1f}"
         )
     print(
         f"memory per token old/new: {res['memory_ratio']:.2f}x (target >= 3)   "
-        f"step time new/old: {res['time_ratio']:.2f}x (target <= 1.3)"
+        f"step CPU time new/old: {res['time_ratio']:.2f}x (target <= 1.3; wall "
+        f"{res['time_ratio_wall']:.2f}x)"
     )
     print("\nPart 2: Qwen3-14B, ZeRO-3 on 32 ranks, bf16: the longest micro-batch that fits")
     print(

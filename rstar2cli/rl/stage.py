@@ -24,7 +24,7 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rstar2cli.errors import UserError
 from rstar2cli.rl.recipe import RlRecipe
@@ -36,6 +36,9 @@ from rstar2cli.rl.roc import (
     tool_error_share,
 )
 from rstar2cli.rl.trainer import TrainSample, UpdateSums
+
+if TYPE_CHECKING:
+    from rstar2cli.rl.workers import Trainers
 
 
 @dataclass
@@ -163,7 +166,7 @@ class StageRun:
         self.recipe, self.opts = recipe, opts
         self.problems, self.eval_problems, self.tokenizer = problems, eval_problems, tokenizer
         self.ckpt_dir = opts.out / "checkpoints"
-        self.trainers: Any = None  # a rstar2cli.rl.workers.Trainers once started
+        self.trainers: Trainers  # set by _start_trainers
         self.engines: list[Any] = []
 
     # -- set-up ---------------------------------------------------------------------------

@@ -9,7 +9,8 @@ micro-batches), because under ZeRO every forward (ZeRO-3) and every backward (Ze
 collective that all ranks must enter. The rank then
 1. computes the old log-probs of every model token of its plan with the weights as they were
    before the step (no grad; also the reference log-probs when a KL term is on), so from the
-   second mini-batch on the ratio differs from 1 and the clip (eps_low, eps_high) acts,
+   second mini-batch on the ratio differs from 1 and the clip (eps_low, eps_high) acts; the
+   entropy metric comes from this pass too (the policy before the step, as verl reports it),
 2. per mini-batch: forward each micro-batch (`rstar2cli.lm_scoring.ScoringLM`: log-probs of
    model tokens only, computed in chunks), token-level PPO-clip loss
    (`rstar2cli.rl.loss.ppo_clip_loss`) normalised by the mini-batch's model-token count over all
@@ -164,7 +165,9 @@ class PolicyTrainer:
 
     # -- forward ----------------------------------------------------------------------------
 
-    def _score(self, model: Any, batch: MicroBatch, entropy: bool = False) -> tuple[Any, Any]:
+    def _score(
+        self, model: Any, batch: MicroBatch, entropy: bool = False, entropy_grad: bool = False
+    ) -> tuple[Any, Any]:
         dev = self.engine.device
         return model(
             input_ids=batch.input_ids.to(dev),
@@ -173,7 +176,7 @@ class PolicyTrainer:
             targets=batch.targets.to(dev),
             attention_mask=batch.attention_mask.to(dev),
             with_entropy=entropy,
-            entropy_grad=entropy and self.cfg.entropy_coef > 0.0,
+            entropy_grad=entropy_grad,
         )
 
     def _dummy(self) -> MicroBatch:
@@ -184,8 +187,9 @@ class PolicyTrainer:
         ids = torch.full((1, 1), self.pad_id, dtype=torch.long)
         return MicroBatch(ids, torch.ones_like(ids), one, one, ids[0], torch.zeros(1))
 
-    def _no_grad_logprobs(self, model: Any, plan: RankPlan) -> list[list[Any]]:
-        """Log-probs of every planned micro-batch under `model` as it is now."""
+    def _no_grad_logprobs(self, model: Any, plan: RankPlan, entropy: bool) -> list[list[Any]]:
+        """(log-probs, entropy or None) of every planned micro-batch under `model` as it is now
+        (None for an empty micro-batch)."""
         import torch
 
         out: list[list[Any]] = []
@@ -194,7 +198,8 @@ class PolicyTrainer:
                 out.append([])
                 for samples in mini:
                     if samples:
-                        out[-1].append(self._score(model, collate(samples, self.pad_id))[0])
+                        batch = collate(samples, self.pad_id)
+                        out[-1].append(self._score(model, batch, entropy))
                         continue
                     if self.zero3:  # NOTE: a ZeRO-3 forward gathers: every rank runs as many
                         self._score(model, self._dummy())
@@ -209,15 +214,17 @@ class PolicyTrainer:
         mini-batches have equal numbers of micro-batches (`plan_update` makes them)."""
         self.engine.eval()
         try:
-            old = self._no_grad_logprobs(self.engine, plan)
-            ref = None if self.ref is None else self._no_grad_logprobs(self.ref, plan)
+            # NOTE: the entropy metric is the policy's before the step, taken in this pass (as
+            # verl reports it); the training pass computes entropy only for an entropy bonus.
+            old = self._no_grad_logprobs(self.engine, plan, entropy=True)
+            ref = None if self.ref is None else self._no_grad_logprobs(self.ref, plan, False)
         finally:
             self.engine.train()
         sums = UpdateSums(lr=float(self.engine.get_lr()[0]))
         for m, mini in enumerate(plan):
             for i, samples in enumerate(mini):
                 self.engine.set_gradient_accumulation_boundary(i == len(mini) - 1)
-                ref_lp = None if ref is None else ref[m][i]
+                ref_lp = None if ref is None else ref[m][i][0]
                 self._micro_step(samples, old[m][i], ref_lp, mini_batch_tokens[m], sums)
             self.engine.step()
             norm = self.engine.get_global_grad_norm()
@@ -227,20 +234,22 @@ class PolicyTrainer:
     def _micro_step(
         self,
         samples: list[TrainSample],
-        old_lp: Any,
+        old: tuple[Any, Any] | None,
         ref_lp: Any,
         num_batch_tokens: int,
         sums: UpdateSums,
     ) -> None:
         import torch
 
-        if not samples or num_batch_tokens == 0:
+        if old is None or num_batch_tokens == 0:
             logp, _ = self._score(self.engine, self._dummy())
             self.engine.backward(logp.sum() * 0.0)
             return
         cfg = self.cfg
         batch = collate(samples, self.pad_id)
-        logprobs, entropy = self._score(self.engine, batch, entropy=True)  # [N], [N]
+        bonus = cfg.entropy_coef > 0.0
+        logprobs, entropy = self._score(self.engine, batch, bonus, bonus)  # [N], [N] or None
+        old_lp, old_entropy = old
         dev = logprobs.device
         loss, metrics = ppo_clip_loss(
             logprobs[None],
@@ -251,7 +260,7 @@ class PolicyTrainer:
             eps_high=cfg.eps_high,
             ref_logprobs=None if ref_lp is None else ref_lp[None],
             kl_coef=cfg.kl_coef,
-            entropy=entropy[None],
+            entropy=(entropy if bonus else old_entropy)[None],
             entropy_coef=cfg.entropy_coef,
             num_batch_tokens=num_batch_tokens,
         )
