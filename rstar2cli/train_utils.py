@@ -173,7 +173,6 @@ def _partitioned_lm(path: str, config: dict[str, Any], dtype: Any) -> Any:
     import torch.distributed as dist
     from safetensors import safe_open
     from transformers import AutoConfig, AutoModelForCausalLM
-
     from transformers.initialization import no_init_weights
 
     # NOTE: no random init (the weights are read next; HF's init also indexes into the empty
@@ -187,7 +186,9 @@ def _partitioned_lm(path: str, config: dict[str, Any], dtype: Any) -> Any:
     modules = _param_modules(lm)
     missing = [n for _, named in modules for n, p in named if n not in files and not p.shared]
     if missing:  # NOTE: checked on every rank before any gather, so all ranks fail together
-        raise ValueError(f"{path} lacks weights for {', '.join(missing[:5])}")
+        from rstar2cli.errors import UserError
+
+        raise UserError(f"{path} lacks weights for {', '.join(missing[:5])}")
     is_rank0 = dist.get_rank() == 0
     with ExitStack() as stack:
         handles: dict[Path, Any] = {}
@@ -218,7 +219,7 @@ def _tensor_files(folder: Path) -> dict[str, Path]:
         return {name: folder / file for name, file in weight_map.items()}
     single = folder / "model.safetensors"
     with safe_open(str(single), "pt") as f:
-        return {name: single for name in f.keys()}  # noqa: SIM118 (safe_open is not a dict)
+        return {name: single for name in f.keys()}
 
 
 @dataclass
