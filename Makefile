@@ -34,6 +34,7 @@ bench: install
 	$(BIN)/python benchmarks/grader.py
 	$(BIN)/python benchmarks/scheduler.py
 	$(BIN)/python benchmarks/weight_sync.py
+	$(BIN)/python benchmarks/train_memory.py
 
 quickstart: install
 	$(BIN)/rstar2 quickstart --out quickstart_out

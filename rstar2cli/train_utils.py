@@ -1,17 +1,307 @@
-"""Small helpers shared by the trainers: RNG state capture/restore and checkpoint pruning.
+"""What the SFT and RL trainers share: the process group, the DeepSpeed engine, the weights out of
+it, RNG state, checkpoint pruning, run logs and the seeded data order.
 
-Kept free of torch/deepspeed imports at module level. `rng_state` covers python, numpy and torch
-CPU (plus CUDA when present), which is what an exact resume on CPU needs; the model, optimizer and
-LR schedule are saved by DeepSpeed itself. Used by the SFT and RL trainers; exercised by
-tests/integration/test_sft_resume.py and tests/integration/test_rl_stage.py.
+- `init_distributed`: torch.distributed from RANK/WORLD_SIZE/MASTER_* (a launcher or a Ray
+  actor sets them; one process without either gets a world of one). gloo on CPU, nccl on GPU.
+- `build_engine`: a `rstar2cli.lm_scoring.ScoringLM` around the HF model, a torch AdamW and a
+  LambdaLR schedule under DeepSpeed ZeRO 0-3. Under ZeRO-3 the model is built inside
+  `deepspeed.zero.Init` and filled module by module from the safetensors files (rank 0 reads,
+  each module is scattered before the next is read), so no rank ever holds the whole model.
+  Gradient checkpointing of the decoder layers is a switch. The accumulation boundary is not
+  DeepSpeed's count: the trainers mark it (`engine.set_gradient_accumulation_boundary`), since
+  their micro-batches vary in number from one optimizer step to the next.
+- `weight_buckets` / `save_hf`: collectives. Every rank walks the modules in the same order and
+  enters each module's ZeRO-3 gather; rank 0 copies the full tensors out, in buckets of about
+  `BUCKET_BYTES`, so neither the trainer nor the receiver holds a second copy of the whole model.
+- `rng_state` / `set_rng_state` (python, numpy, torch CPU, CUDA when present: what an exact resume
+  needs), `prune_checkpoints`, `open_run_logs`, `batch_indices` (the per-epoch seeded order).
+
+Kept free of torch/deepspeed imports at module level. Exercised by
+tests/integration/test_trainer_ranks.py (2 ranks, ZeRO 0/2/3), tests/integration/test_sft_resume.py
+and tests/integration/test_rl_stage.py.
 """
 
 from __future__ import annotations
 
+import os
 import random
 import shutil
+import socket
+from collections import Counter
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+# NOTE: 256 MB: big enough that a 14B model syncs in ~100 buckets, small next to a GPU's memory.
+BUCKET_BYTES = 256 * 2**20
+
+
+def setup_process_env() -> None:
+    """Single process without a launcher: fill in what torch.distributed expects."""
+    if "RANK" not in os.environ:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        os.environ.update(
+            MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", WORLD_SIZE="1", LOCAL_RANK="0"
+        )
+    import torch
+
+    if not torch.cuda.is_available():
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")  # NOTE: must be set before deepspeed imports
+
+
+def init_distributed() -> tuple[int, int]:
+    """torch.distributed for this process; returns (rank, world size)."""
+    setup_process_env()
+    import deepspeed
+    import torch
+    import torch.distributed as dist
+
+    deepspeed.utils.logger.setLevel("WARNING")
+    on_gpu = torch.cuda.is_available()
+    if not on_gpu and os.environ.get("WORLD_SIZE") == "1":
+        # NOTE: DeepSpeed JIT-builds a shared-memory all-reduce op for CPU ranks under a lock file
+        # in ~/.cache/torch_extensions; one rank has nothing to all-reduce, and a process killed
+        # while holding that lock would hang every later run, so one CPU rank skips it.
+        deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
+    deepspeed.init_distributed(dist_backend="nccl" if on_gpu else "gloo")
+    if on_gpu:
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    return dist.get_rank(), dist.get_world_size()
+
+
+# ---------------------------------------------------------------------------------------------
+# The engine
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    """What the engine is built from (the trainers fill it from their recipes)."""
+
+    model_path: str
+    zero_stage: int
+    bf16: bool
+    gradient_checkpointing: bool
+    grad_clip: float
+    lr: float
+    betas: tuple[float, float]
+    weight_decay: float
+    adam_eps: float = 1.0e-8
+
+
+def ds_config(zero_stage: int, bf16: bool, grad_clip: float, world: int) -> dict[str, Any]:
+    zero: dict[str, Any] = {"stage": zero_stage}
+    if zero_stage == 3:
+        # NOTE: DeepSpeed keeps parameters under 1e5 elements whole on every rank by default;
+        # partitioning all of them costs a few small gathers per layer and keeps every rank at
+        # exactly 1/W of the model.
+        zero["stage3_param_persistence_threshold"] = 0
+    return {
+        # NOTE: bookkeeping only: the trainers mark the accumulation boundary themselves.
+        "train_batch_size": world,
+        "train_micro_batch_size_per_gpu": 1,
+        "gradient_accumulation_steps": 1,
+        "gradient_clipping": grad_clip,
+        "zero_optimization": zero,
+        "zero_allow_untested_optimizer": True,  # a torch AdamW object (DeepSpeed's compiles ~40 s)
+        "bf16": {"enabled": bf16},
+        "steps_per_print": 10**9,
+        "wall_clock_breakdown": False,
+    }
+
+
+def build_engine(spec: EngineSpec, world: int, lr_lambda: Callable[[int], float]) -> Any:
+    """The DeepSpeed engine of a `ScoringLM` with AdamW and LambdaLR(lr_lambda)."""
+    import deepspeed
+    import torch
+
+    config = ds_config(spec.zero_stage, spec.bf16, spec.grad_clip, world)
+    model = _scoring_model(spec.model_path, config, spec.bf16, spec.zero_stage == 3)
+    if spec.gradient_checkpointing:
+        model.lm.gradient_checkpointing_enable(
+            gradient_checkpointing_kwargs={"use_reentrant": False}
+        )
+    optimizer = torch.optim.AdamW(
+        model.parameters(),
+        lr=spec.lr,
+        betas=spec.betas,
+        eps=spec.adam_eps,
+        weight_decay=spec.weight_decay,
+    )
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda)
+    engine, _, _, _ = deepspeed.initialize(
+        model=model, optimizer=optimizer, lr_scheduler=scheduler, config=config
+    )
+    return engine
+
+
+def build_frozen(model_path: str, zero_stage: int, bf16: bool, world: int) -> Any:
+    """A frozen `ScoringLM` (the KL reference): partitioned under ZeRO-3, else whole per rank."""
+    import deepspeed
+    import torch
+
+    config = ds_config(zero_stage, bf16, 1.0, world)
+    model = _scoring_model(model_path, config, bf16, zero_stage == 3)
+    model.eval().requires_grad_(False)
+    if zero_stage == 3:
+        engine, _, _, _ = deepspeed.initialize(model=model, config=config)
+        return engine
+    device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+    return model.to(device=device, dtype=torch.bfloat16 if bf16 else torch.float32)
+
+
+def _scoring_model(path: str, config: dict[str, Any], bf16: bool, zero3: bool) -> Any:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from rstar2cli.lm_scoring import ScoringLM
+
+    if zero3:
+        lm = _partitioned_lm(path, config, torch.bfloat16 if bf16 else torch.float32)
+    else:
+        lm = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    lm.config.use_cache = False
+    return ScoringLM(lm)
+
+
+def _partitioned_lm(path: str, config: dict[str, Any], dtype: Any) -> Any:
+    """The model built inside zero.Init, then loaded module by module (rank 0 reads the files)."""
+    import deepspeed
+    import torch.distributed as dist
+    from safetensors import safe_open
+    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers.initialization import no_init_weights
+
+    # NOTE: no random init (the weights are read next; HF's init also indexes into the empty
+    # partitions), which skips the tying of the output layer to the embedding as well: redone here.
+    # NOTE: the dtype comes from the config's bf16 flag (an explicit dtype= is overridden by the
+    # accelerator's preference in DeepSpeed 0.19: bf16 on a CPU even for an fp32 run).
+    with deepspeed.zero.Init(config_dict_or_path=config), no_init_weights():
+        lm = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(path), dtype=dtype)
+    lm.tie_weights()
+    files = _tensor_files(Path(path))
+    modules = _param_modules(lm)
+    missing = [n for _, named in modules for n, p in named if n not in files and not p.shared]
+    if missing:  # NOTE: checked on every rank before any gather, so all ranks fail together
+        from rstar2cli.errors import UserError
+
+        raise UserError(f"{path} lacks weights for {', '.join(missing[:5])}")
+    is_rank0 = dist.get_rank() == 0
+    with ExitStack() as stack:
+        handles: dict[Path, Any] = {}
+        for _, named in modules:
+            params = [p.param for _, p in named]
+            with deepspeed.zero.GatheredParameters(params, modifier_rank=0):
+                if not is_rank0:
+                    continue
+                for name, p in named:
+                    if name not in files:
+                        continue  # a tied weight, loaded under its other name
+                    file = files[name]
+                    if file not in handles:
+                        handles[file] = stack.enter_context(safe_open(str(file), "pt"))
+                    p.param.data.copy_(handles[file].get_tensor(name))
+    return lm
+
+
+def _tensor_files(folder: Path) -> dict[str, Path]:
+    """Tensor name -> the safetensors file holding it."""
+    import json
+
+    from safetensors import safe_open
+
+    index = folder / "model.safetensors.index.json"
+    if index.exists():
+        weight_map = json.loads(index.read_text())["weight_map"]
+        return {name: folder / file for name, file in weight_map.items()}
+    single = folder / "model.safetensors"
+    with safe_open(str(single), "pt") as f:
+        return {name: single for name in f.keys()}
+
+
+@dataclass
+class _Param:
+    param: Any
+    shared: bool  # the same tensor under another name too (tied embeddings)
+
+
+def _param_modules(root: Any) -> list[tuple[str, list[tuple[str, _Param]]]]:
+    """(module name, [(full parameter name, parameter)]) for every module owning parameters, in
+    the module order; a tied parameter appears under each of its names."""
+    counts = Counter(id(p) for m in root.modules() for p in m.parameters(recurse=False))
+    out = []
+    for prefix, module in root.named_modules():
+        named = [
+            (f"{prefix}.{n}" if prefix else n, _Param(p, counts[id(p)] > 1))
+            for n, p in module.named_parameters(recurse=False)
+        ]
+        if named:
+            out.append((prefix, named))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Weights out of the engine
+
+
+def weight_buckets(
+    lm: Any, zero3: bool, is_rank0: bool, max_bucket_bytes: int = BUCKET_BYTES
+) -> Iterator[list[tuple[str, Any]]]:
+    """Collective: the full weights of `lm` (HF names, CPU tensors) in buckets of about
+    `max_bucket_bytes`. Every rank must iterate it to the end: each module's parameters are
+    gathered by all ranks together (ZeRO-3); rank 0's buckets hold the tensors, the other ranks'
+    buckets are empty lists yielded at the same points. A tied weight is one tensor under both
+    of its names."""
+    import deepspeed
+
+    bucket: list[tuple[str, Any]] = []
+    num_bytes = 0
+    shared: dict[int, Any] = {}
+    for _, named in _param_modules(lm):
+        params = [p.param for _, p in named]
+        with deepspeed.zero.GatheredParameters(params, enabled=zero3):
+            for name, p in named:
+                num_bytes += _full_numel(p.param) * p.param.element_size()
+                if not is_rank0:
+                    continue
+                tensor = shared.get(id(p.param))
+                if tensor is None:
+                    tensor = p.param.detach().to("cpu", copy=True)
+                    if p.shared:
+                        shared[id(p.param)] = tensor
+                bucket.append((name, tensor))
+        if num_bytes >= max_bucket_bytes:
+            yield bucket
+            bucket, num_bytes = [], 0
+    if num_bytes:
+        yield bucket
+
+
+def _full_numel(param: Any) -> int:
+    return int(getattr(param, "ds_numel", param.numel()))  # ds_numel: the unpartitioned size
+
+
+def save_hf(lm: Any, tokenizer: Any, out_dir: Path, zero3: bool, rank: int) -> Path:
+    """Collective: every rank calls it. Rank 0 writes the HF folder (safetensors, config,
+    generation config, tokenizer) atomically from the gathered buckets."""
+    state = {name: t for bucket in weight_buckets(lm, zero3, rank == 0) for name, t in bucket}
+    if rank == 0:
+        tmp = out_dir.with_name(out_dir.name + ".tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        lm.config.use_cache = True
+        lm.save_pretrained(tmp, state_dict=state, safe_serialization=True)
+        lm.config.use_cache = False
+        tokenizer.save_pretrained(tmp)
+        shutil.rmtree(out_dir, ignore_errors=True)
+        os.replace(tmp, out_dir)
+    return out_dir
+
+
+# ---------------------------------------------------------------------------------------------
+# RNG, checkpoints, logs, data order
 
 
 def rng_state() -> dict[str, Any]:
@@ -66,3 +356,18 @@ def open_run_logs(out: Path, start_step: int, tensorboard: bool) -> tuple[Any, A
 
         writer = SummaryWriter(str(out / "tb"), purge_step=start_step + 1)
     return JsonlAppender(path), writer
+
+
+def batch_indices(step: int, num_examples: int, batch_size: int, seed: int) -> list[int]:
+    """Example indices of one step: positions step*B .. step*B+B-1 of the stream of per-epoch
+    permutations (a permutation depends only on seed and epoch, so resume needs only the step)."""
+    import torch
+
+    out, perms = [], {}
+    for pos in range(step * batch_size, (step + 1) * batch_size):
+        epoch = pos // num_examples
+        if epoch not in perms:
+            g = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
+            perms[epoch] = torch.randperm(num_examples, generator=g).tolist()
+        out.append(perms[epoch][pos % num_examples])
+    return out

@@ -17,6 +17,9 @@ loss by W for the exact token mean of the global batch (the per-rank count would
 per-rank means instead; DeepSpeed's engine.backward also divides by the accumulation steps, to be
 undone the same way). Without it the call's own token count is used.
 
+`token_logprobs` and `token_entropy` work on full logits; the trainers use the chunked versions
+in `rstar2cli.lm_scoring`, which are tested against these.
+
 Does not: compute advantages, run models or step optimizers. Pure torch.
 Tested in tests/unit/test_loss.py with 3-4 element tensors.
 """

@@ -217,11 +217,24 @@ class RlTrainConfig(RecipeModel):
     num_mini_batches: int = Field(
         1,
         ge=1,
-        description="Optimizer steps per RL step over disjoint shares of the kept rollouts "
-        "(1: one on-policy update per step; the paper gives no split).",
+        description="Optimizer steps per RL step over disjoint shares of the kept rollouts; the "
+        "old log-probs are taken before the first, so from the second on the clip (eps_low, "
+        "eps_high) acts. 1: one on-policy step, the ratio is 1 and the clip never acts. The "
+        "paper recipes use 2: the release's mini-batch is 128 prompts x 32 rollouts (verl scales "
+        "ppo_mini_batch_size by rollout.n) = 4096 trajectories, and the paper's step keeps up to "
+        "512 x 16.",
     )
-    micro_batch_size: int = Field(
-        8, ge=1, description="Most trajectories per forward pass on one rank (memory knob)."
+    max_tokens_per_micro_batch: int = Field(
+        20480,
+        ge=16,
+        description="Most tokens per forward pass on one rank, padding included: trajectories "
+        "are packed longest first while rows x longest row fits (release: "
+        "ppo_max_token_len_per_gpu 20480 with use_dynamic_bsz). The memory knob.",
+    )
+    gradient_checkpointing: bool = Field(
+        True,
+        description="Recompute each decoder layer's activations in the backward pass instead of "
+        "keeping them (release: enable_gradient_checkpointing; about 1/3 more compute).",
     )
     num_trainer_ranks: int = Field(
         1,
@@ -325,6 +338,12 @@ class RlRecipe(RecipeModel):
             raise ValueError(
                 f"num_mini_batches ({train.num_mini_batches}) exceeds the most rollouts a step "
                 f"can train on ({kept})"
+            )
+        longest = rollout.max_prompt_tokens + rollout.max_response_tokens
+        if train.max_tokens_per_micro_batch < longest:
+            raise ValueError(
+                f"max_tokens_per_micro_batch ({train.max_tokens_per_micro_batch}) cannot hold the "
+                f"longest trajectory: rollout.max_prompt_tokens + max_response_tokens = {longest}"
             )
         return train
 

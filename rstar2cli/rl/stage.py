@@ -29,10 +29,10 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rstar2cli.errors import UserError
-from rstar2cli.rl.recipe import RlRecipe, kept_per_problem
+from rstar2cli.rl.recipe import RlRecipe
 from rstar2cli.rl.roc import (
     RolloutSummary,
     drop_equal_reward_groups,
@@ -43,6 +43,9 @@ from rstar2cli.rl.roc import (
 from rstar2cli.rl.trainer import TrainSample, UpdateSums
 from rstar2cli.rollout_job import Interrupted, StopSignals, seed_base
 from rstar2cli.scheduler.placement import absolute_path
+
+if TYPE_CHECKING:
+    from rstar2cli.rl.workers import Trainers
 
 
 @dataclass
@@ -175,9 +178,8 @@ class StageRun:
             opts.init_checkpoint = Path(opts.init_checkpoint).resolve()
         self.model = absolute_path(recipe.model)
         self.ckpt_dir = opts.out / "checkpoints"
-        self.trainers: Any = None
+        self.trainers: Trainers  # set by _start_trainers
         self.sync: Any = None
-        self.gas = 1
         self.engines: list[Any] = []
         self.saved_step = 0  # the newest checkpoint's step: where a rerun resumes
         self.stop = StopSignals()
@@ -207,18 +209,15 @@ class StageRun:
 
     def _start_trainers(self, placement: Any) -> tuple[int, bool]:
         """Build the ranks and load state; returns (first step, weights differ from recipe.model)."""
-        from rstar2cli.rl.trainer import accumulation_steps
         from rstar2cli.rl.workers import make_trainers
         from rstar2cli.train_utils import set_rng_state
 
         r = self.recipe
-        max_traj = r.rollout.num_prompts_per_step * kept_per_problem(r.rollout, r.roc)
-        self.gas = accumulation_steps(max_traj, r.train, r.train.num_trainer_ranks)
         options = None
         if placement is not None:
             options = [placement.options(slot) for slot in placement.plan.trainers]
         self.trainers = make_trainers(
-            self.model, r.train, self.gas, self.opts.ray_address, actor_options=options
+            self.model, r.train, self.opts.ray_address, actor_options=options
         )
         client = self.trainers.load_checkpoint(self.ckpt_dir)
         if client is not None:
@@ -375,7 +374,7 @@ class StageRun:
         )
 
     async def _step(self, step: int, tools: Any, grader: Any, rep: Any) -> None:
-        from rstar2cli.sft.train import batch_indices
+        from rstar2cli.train_utils import batch_indices
 
         r = self.recipe
         began = time.perf_counter()
@@ -439,12 +438,13 @@ class StageRun:
     def _update(self, samples: list[TrainSample], step: int) -> list[UpdateSums]:
         from rstar2cli.rl.trainer import plan_update
 
+        t = self.recipe.train
         plan, tokens = plan_update(
             samples,
-            self.recipe.train.num_mini_batches,
+            t.num_mini_batches,
             self.trainers.world,
-            self.gas,
-            (self.recipe.train.seed, step, 2),
+            t.max_tokens_per_micro_batch,
+            (t.seed, step, 2),
         )
         return self.trainers.update(plan, tokens)
 

@@ -9,7 +9,7 @@ engines load them in place; each engine worker's checksum must equal what rank 0
 run stops. The driver handles only the plan (names and shapes).
 
 The disk path stays as the fallback, per engine: an engine that cannot join (the transformers
-engine) gets `update_weights(trainers.named_weights())` as before (a full copy through the
+engine) gets `update_weights` with `trainers.weight_buckets()` collected (a full copy through the
 driver, a safetensors file, vLLM's reload from disk). If the group fails to form (an engine
 dies or times out while joining), every engine falls back, with a warning.
 
@@ -121,7 +121,9 @@ class WeightSync:
             }
         rest = [e for e in self.engines if e not in receiving]
         if rest:
-            weights = self.trainers.named_weights()
+            # NOTE: a collective: every trainer rank gathers module by module, rank 0's buckets
+            # arrive here; the engines then load the whole dict
+            weights = {n: t for bucket in self.trainers.weight_buckets() for n, t in bucket}
             await asyncio.gather(*(e.update_weights(weights) for e in rest))
             del weights
         row["weight_sync"] = "broadcast" if not rest else "disk" if not receiving else "mixed"

@@ -1,47 +1,55 @@
-"""The RL policy trainer: a causal LM under DeepSpeed, fed GRPO-RoC batches of trajectories.
+"""The RL policy trainer: one data-parallel rank of a causal LM under DeepSpeed, fed GRPO-RoC
+batches of trajectories.
 
-Per RL step the driver (`rstar2cli.rl.stage`) hands each rank a plan: mini-batches, each cut into
-exactly `gas` micro-batches of `TrainSample`s (prompt ids, response ids, loss mask, advantage).
-The rank then
-1. recomputes the old log-probs of every response token of its plan with the current weights
-   (no grad; also the reference log-probs when a KL term is on),
-2. per mini-batch: forward each micro-batch, token-level PPO-clip loss
+Per RL step the driver (`rstar2cli.rl.stage`) builds a plan with `plan_update`: the kept
+trajectories in `num_mini_batches` mini-batches (one optimizer step each), each dealt to the
+ranks and cut into micro-batches of at most `max_tokens_per_micro_batch` padded tokens. Every
+rank gets the same number of micro-batches per mini-batch (the short ones padded with empty
+micro-batches), because under ZeRO every forward (ZeRO-3) and every backward (ZeRO-2/3) is a
+collective that all ranks must enter. The rank then
+1. computes the old log-probs of every model token of its plan with the weights as they were
+   before the step (no grad; also the reference log-probs when a KL term is on), so from the
+   second mini-batch on the ratio differs from 1 and the clip (eps_low, eps_high) acts; the
+   entropy metric comes from this pass too (the policy before the step, as verl reports it),
+2. per mini-batch: forward each micro-batch (`rstar2cli.lm_scoring.ScoringLM`: log-probs of
+   model tokens only, computed in chunks), token-level PPO-clip loss
    (`rstar2cli.rl.loss.ppo_clip_loss`) normalised by the mini-batch's model-token count over all
-   ranks, backward, and one optimizer step at the accumulation boundary (grad clip, AdamW,
-   LR warm-up then constant: the paper's 20 steps at 1e-6).
-Empty micro-batches (fewer trajectories than slots) run a zero-weighted one-token forward so every
-rank takes the same number of backward passes (DeepSpeed counts them for the boundary).
+   ranks, backward, and one optimizer step at the boundary it marks itself (grad clip, AdamW,
+   LR warm-up then constant, counted in RL steps as verl does).
+An empty micro-batch runs a zero-weighted one-token pass, so every rank enters the same
+collectives.
 
-NOTE loss scale: DeepSpeed divides each backward by `gas` and averages gradients over the `W`
-ranks, so the loss is multiplied by gas * W: the update is then the gradient of (sum of the
-per-token clip terms of the mini-batch) / (model tokens of the mini-batch), i.e. the core loss
-averaged over all model tokens of the batch across micro-batches and ranks.
+NOTE loss scale: DeepSpeed averages gradients over the W ranks, so the loss is multiplied by W:
+the update is then the gradient of (sum of the per-token clip terms of the mini-batch) / (model
+tokens of the mini-batch), i.e. the core loss averaged over all model tokens of the batch.
 
-Also: weights for the engines (`send_weights`: a broadcast sync, `named_weights`: the disk
-path's full copy, HF names), DeepSpeed checkpoints with client state
-(step, data cursor, RNG), loading a previous stage's checkpoint with or without its optimizer,
-and the final HF folder. One process needs no launcher (`setup_process_env`); several ranks are
-Ray actors (`rstar2cli.rl.workers`).
+Also: the weights leaving the trainer: `weight_buckets` (a collective: every rank enters each
+module's gather, rank 0 gets CPU tensors; the disk path and the HF folder) and `send_weights` (a
+broadcast sync, gathered per bucket, rstar2cli/scheduler/weight_sync.py), both under HF names;
+DeepSpeed checkpoints with client state, loading a previous stage's checkpoint with or without its
+optimizer, and the final HF folder. Several ranks are Ray actors (`rstar2cli.rl.workers`).
 
 What it does not do: rollouts, grading, advantages (the driver) or decide when to checkpoint.
-Tested in tests/integration/test_rl_stage.py (real DeepSpeed on the tiny model, CPU).
+Tested in tests/unit/test_rl_batching.py (plans) and tests/integration/test_trainer_ranks.py
+(2 ranks, ZeRO 0/2/3, real DeepSpeed on the tiny model, CPU).
 """
 
 from __future__ import annotations
 
-import math
-import os
-import shutil
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rstar2cli import protocol as P
-from rstar2cli.rl.loss import ppo_clip_loss, token_entropy, token_logprobs
+from rstar2cli.rl.loss import ppo_clip_loss
 from rstar2cli.rl.recipe import RlTrainConfig
 
 if TYPE_CHECKING:
     from rstar2cli.scheduler.weight_sync import SyncPlan
+
+# plan[mini][micro] -> trajectories, for one rank
+RankPlan = list[list[list["TrainSample"]]]
 
 
 @dataclass
@@ -56,6 +64,10 @@ class TrainSample:
     @property
     def num_model_tokens(self) -> int:
         return int(sum(self.loss_mask))
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_ids) + len(self.response_ids)
 
 
 @dataclass
@@ -75,68 +87,57 @@ class UpdateSums:
 
 
 def lr_factor(step: int, warmup_steps: int) -> float:
-    """LR multiplier of optimizer step `step` (0-based): linear warm-up, then constant (paper)."""
+    """LR multiplier of RL step `step` (0-based): linear warm-up, then constant (paper)."""
     if warmup_steps <= 0:
         return 1.0
     return min(1.0, (step + 1) / warmup_steps)
 
 
-def ds_config(cfg: RlTrainConfig, gas: int, world: int, bf16: bool) -> dict[str, Any]:
-    return {
-        # NOTE: bookkeeping only: micro-batches are variable lists of trajectories.
-        "train_batch_size": cfg.micro_batch_size * gas * world,
-        "train_micro_batch_size_per_gpu": cfg.micro_batch_size,
-        "gradient_accumulation_steps": gas,
-        "gradient_clipping": cfg.grad_clip,
-        "zero_optimization": {"stage": cfg.zero_stage},
-        "zero_allow_untested_optimizer": True,  # a torch AdamW object (DeepSpeed's compiles ~40 s)
-        "bf16": {"enabled": bf16},
-        "steps_per_print": 10**9,
-        "wall_clock_breakdown": False,
-    }
+@dataclass
+class MicroBatch:
+    """Right-padded rows and the model tokens the loss looks at.
 
-
-def collate(samples: list[TrainSample], pad_id: int) -> dict[str, Any]:
-    """Right-padded prompt+response rows and the response window the loss looks at.
-
-    Logits are kept only from position `start` = (shortest prompt) - 1 on, since earlier
-    positions never predict a response token. Returns input_ids/attention_mask [B, L],
-    targets/mask [B, L - 1 - start] aligned with logits[:, start:-1].
+    Position (rows[i], cols[i]) of input_ids predicts targets[i]; only model tokens (loss mask 1)
+    are listed, so prompts, padding and tool responses cost no output-layer work.
     """
+
+    input_ids: Any  # [B, L] long
+    attention_mask: Any  # [B, L] long
+    rows: Any  # [N] long
+    cols: Any  # [N] long
+    targets: Any  # [N] long
+    advantages: Any  # [N] float32, the trajectory's advantage on each of its tokens
+
+
+def collate(samples: list[TrainSample], pad_id: int) -> MicroBatch:
     import torch
 
-    rows = [s.prompt_ids + s.response_ids for s in samples]
-    width = max(len(r) for r in rows)
-    start = min(len(s.prompt_ids) for s in samples) - 1
-    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)  # [B, L]
-    attn = torch.zeros((len(rows), width), dtype=torch.long)  # [B, L]
-    mask = torch.zeros((len(rows), width - 1), dtype=torch.bool)  # [B, L-1], over targets
-    for i, (row, s) in enumerate(zip(rows, samples, strict=False)):
-        ids[i, : len(row)] = torch.tensor(row)
-        attn[i, : len(row)] = 1
-        first = len(s.prompt_ids) - 1  # target index of the first response token
+    seqs = [s.prompt_ids + s.response_ids for s in samples]
+    width = max(len(r) for r in seqs)
+    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)  # [B, L]
+    attn = torch.zeros((len(seqs), width), dtype=torch.long)  # [B, L]
+    mask = torch.zeros((len(seqs), width - 1), dtype=torch.bool)  # [B, L-1], over predictions
+    for i, (seq, s) in enumerate(zip(seqs, samples, strict=True)):
+        ids[i, : len(seq)] = torch.tensor(seq)
+        attn[i, : len(seq)] = 1
+        first = len(s.prompt_ids) - 1  # the position predicting the first response token
         mask[i, first : first + len(s.response_ids)] = torch.tensor(s.loss_mask, dtype=torch.bool)
-    return {
-        "input_ids": ids,
-        "attention_mask": attn,
-        "targets": ids[:, 1:][:, start:],  # [B, L-1-start]
-        "mask": mask[:, start:],  # [B, L-1-start]
-        "start": start,
-        "advantages": torch.tensor([s.advantage for s in samples], dtype=torch.float32),  # [B]
-    }
+    rows, cols = mask.nonzero(as_tuple=True)  # [N], [N]
+    adv = torch.tensor([s.advantage for s in samples], dtype=torch.float32)  # [B]
+    return MicroBatch(ids, attn, rows, cols, ids[rows, cols + 1], adv[rows])
 
 
 class PolicyTrainer:
     """One data-parallel rank: the DeepSpeed engine and what it does for an RL step."""
 
-    def __init__(
-        self, model_path: str, cfg: RlTrainConfig, gas: int, rank: int = 0, world: int = 1
-    ):
-        import deepspeed
+    def __init__(self, model_path: str, cfg: RlTrainConfig, rank: int = 0, world: int = 1):
         import torch
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers import AutoTokenizer
 
-        self.cfg, self.gas, self.rank, self.world = cfg, gas, rank, world
+        from rstar2cli.train_utils import EngineSpec, build_engine, build_frozen
+
+        self.cfg, self.rank, self.world = cfg, rank, world
+        self.zero3 = cfg.zero_stage == 3
         self.on_gpu = torch.cuda.is_available()
         bf16 = cfg.precision == "bf16" or (cfg.precision == "auto" and self.on_gpu)
         torch.manual_seed(cfg.seed)
@@ -147,80 +148,90 @@ class PolicyTrainer:
             if tokenizer.pad_token_id is not None
             else tokenizer.convert_tokens_to_ids(P.IM_END)
         )
-        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
-        model.config.use_cache = False
-        optimizer = torch.optim.AdamW(
-            model.parameters(),
+        spec = EngineSpec(
+            model_path=model_path,
+            zero_stage=cfg.zero_stage,
+            bf16=bf16,
+            gradient_checkpointing=cfg.gradient_checkpointing,
+            grad_clip=cfg.grad_clip,
             lr=cfg.lr,
             betas=(cfg.adam_beta1, cfg.adam_beta2),
             weight_decay=cfg.weight_decay,
         )
-        scheduler = torch.optim.lr_scheduler.LambdaLR(
-            optimizer, lambda s: lr_factor(s, cfg.warmup_steps)
+        # NOTE: DeepSpeed advances the schedule once per optimizer step; warm-up counts RL steps
+        # (verl steps the actor's scheduler once per update), each num_mini_batches of them.
+        per_step = cfg.num_mini_batches
+        self.engine = build_engine(
+            spec, world, lambda s: lr_factor(s // per_step, cfg.warmup_steps)
         )
-        self.engine, _, _, _ = deepspeed.initialize(
-            model=model,
-            optimizer=optimizer,
-            lr_scheduler=scheduler,
-            config=ds_config(cfg, gas, world, bf16),
-        )
-        self.ref_model = None
+        self.ref = None
         if cfg.kl_coef > 0.0:
-            self.ref_model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
-            self.ref_model.to(self.engine.device).eval().requires_grad_(False)
+            self.ref = build_frozen(model_path, cfg.zero_stage, bf16, world)
 
     # -- forward ----------------------------------------------------------------------------
 
-    def _logits(self, model: Any, batch: dict[str, Any]) -> Any:
+    def _score(
+        self, model: Any, batch: MicroBatch, entropy: bool = False, entropy_grad: bool = False
+    ) -> tuple[Any, Any]:
         dev = self.engine.device
-        out = model(
-            input_ids=batch["input_ids"].to(dev),
-            attention_mask=batch["attention_mask"].to(dev),
-            use_cache=False,
+        return model(
+            input_ids=batch.input_ids.to(dev),
+            rows=batch.rows.to(dev),
+            cols=batch.cols.to(dev),
+            targets=batch.targets.to(dev),
+            attention_mask=batch.attention_mask.to(dev),
+            with_entropy=entropy,
+            entropy_grad=entropy_grad,
         )
-        return out.logits[:, batch["start"] : -1]  # [B, L-1-start, V]
 
-    def _no_grad_logprobs(self, model: Any, samples: list[TrainSample]) -> Any:
+    def _dummy(self) -> MicroBatch:
+        """One pad token predicting itself: the pass an empty micro-batch runs."""
         import torch
 
-        if not samples:
-            return None
-        with torch.no_grad():
-            batch = collate(samples, self.pad_id)
-            return token_logprobs(
-                self._logits(model, batch), batch["targets"].to(self.engine.device)
-            )
+        one = torch.zeros(1, dtype=torch.long)
+        ids = torch.full((1, 1), self.pad_id, dtype=torch.long)
+        return MicroBatch(ids, torch.ones_like(ids), one, one, ids[0], torch.zeros(1))
 
-    def old_logprobs(self, plan: list[list[list[TrainSample]]]) -> list[list[Any]]:
-        """Log-probs of every planned micro-batch under the current weights (before any step)."""
-        self.engine.eval()
-        try:
-            return [
-                [self._no_grad_logprobs(self.engine.module, mb) for mb in mini] for mini in plan
-            ]
-        finally:
-            self.engine.train()
+    def _no_grad_logprobs(self, model: Any, plan: RankPlan, entropy: bool) -> list[list[Any]]:
+        """(log-probs, entropy or None) of every planned micro-batch under `model` as it is now
+        (None for an empty micro-batch)."""
+        import torch
+
+        out: list[list[Any]] = []
+        with torch.no_grad():
+            for mini in plan:
+                out.append([])
+                for samples in mini:
+                    if samples:
+                        batch = collate(samples, self.pad_id)
+                        out[-1].append(self._score(model, batch, entropy))
+                        continue
+                    if self.zero3:  # NOTE: a ZeRO-3 forward gathers: every rank runs as many
+                        self._score(model, self._dummy())
+                    out[-1].append(None)
+        return out
 
     # -- update -----------------------------------------------------------------------------
 
-    def update(
-        self, plan: list[list[list[TrainSample]]], mini_batch_tokens: list[int]
-    ) -> UpdateSums:
+    def update(self, plan: RankPlan, mini_batch_tokens: list[int]) -> UpdateSums:
         """Run this rank's share of one RL step; `mini_batch_tokens[m]` counts model tokens of
-        mini-batch m over all ranks."""
-        if any(len(mini) != self.gas for mini in plan):
-            raise ValueError(
-                f"every mini-batch needs exactly {self.gas} micro-batches on each rank"
-            )
-        old = self.old_logprobs(plan)
-        ref = None
-        if self.ref_model is not None:
-            ref = [[self._no_grad_logprobs(self.ref_model, mb) for mb in mini] for mini in plan]
+        mini-batch m over all ranks. Collective: every rank calls it with plans whose
+        mini-batches have equal numbers of micro-batches (`plan_update` makes them)."""
+        self.engine.eval()
+        try:
+            # NOTE: the entropy metric is the policy's before the step, taken in this pass (as
+            # verl reports it); the training pass computes entropy only for an entropy bonus.
+            old = self._no_grad_logprobs(self.engine, plan, entropy=True)
+            ref = None if self.ref is None else self._no_grad_logprobs(self.ref, plan, False)
+        finally:
+            self.engine.train()
         sums = UpdateSums(lr=float(self.engine.get_lr()[0]))
         for m, mini in enumerate(plan):
             for i, samples in enumerate(mini):
-                ref_lp = None if ref is None else ref[m][i]
+                self.engine.set_gradient_accumulation_boundary(i == len(mini) - 1)
+                ref_lp = None if ref is None else ref[m][i][0]
                 self._micro_step(samples, old[m][i], ref_lp, mini_batch_tokens[m], sums)
+            self.engine.step()
             norm = self.engine.get_global_grad_norm()
             sums.grad_norms.append(float(norm) if norm is not None else None)
         return sums
@@ -228,42 +239,37 @@ class PolicyTrainer:
     def _micro_step(
         self,
         samples: list[TrainSample],
-        old_lp: Any,
+        old: tuple[Any, Any] | None,
         ref_lp: Any,
         num_batch_tokens: int,
         sums: UpdateSums,
     ) -> None:
         import torch
 
-        scale = self.gas * self.world
-        if not samples or num_batch_tokens == 0:
-            self._empty_step(scale)
+        if old is None or num_batch_tokens == 0:
+            logp, _ = self._score(self.engine, self._dummy())
+            self.engine.backward(logp.sum() * 0.0)
             return
         cfg = self.cfg
         batch = collate(samples, self.pad_id)
-        dev = self.engine.device
-        logits = self._logits(self.engine, batch)  # [B, T, V]
-        logprobs = token_logprobs(logits, batch["targets"].to(dev))  # [B, T]
-        if cfg.entropy_coef > 0.0:
-            entropy = token_entropy(logits)  # [B, T], with grad
-        else:
-            with torch.no_grad():
-                entropy = token_entropy(logits.detach())  # [B, T], metric only
+        bonus = cfg.entropy_coef > 0.0
+        logprobs, entropy = self._score(self.engine, batch, bonus, bonus)  # [N], [N] or None
+        old_lp, old_entropy = old
+        dev = logprobs.device
         loss, metrics = ppo_clip_loss(
-            logprobs,
-            old_lp,
-            batch["advantages"].to(dev),
-            batch["mask"].to(dev),
+            logprobs[None],
+            old_lp[None],
+            batch.advantages.to(dev)[None],
+            torch.ones_like(logprobs, dtype=torch.bool)[None],
             eps_low=cfg.eps_low,
             eps_high=cfg.eps_high,
-            ref_logprobs=ref_lp,
+            ref_logprobs=None if ref_lp is None else ref_lp[None],
             kl_coef=cfg.kl_coef,
-            entropy=entropy,
+            entropy=(entropy if bonus else old_entropy)[None],
             entropy_coef=cfg.entropy_coef,
             num_batch_tokens=num_batch_tokens,
         )
-        self.engine.backward(loss * scale)
-        self.engine.step()
+        self.engine.backward(loss * self.world)
         n = metrics.num_tokens
         sums.num_tokens += n
         sums.num_trajectories += len(samples)
@@ -274,32 +280,21 @@ class PolicyTrainer:
         sums.entropy += (metrics.entropy or 0.0) * n
         sums.kl_ref += (metrics.kl_ref or 0.0) * n
 
-    def _empty_step(self, scale: int) -> None:
-        """A backward that adds nothing, so this rank's boundary count matches the others'."""
-        import torch
-
-        ids = torch.full((1, 1), self.pad_id, dtype=torch.long, device=self.engine.device)
-        out = self.engine(input_ids=ids, use_cache=False)
-        self.engine.backward(out.logits.sum() * 0.0 * scale)
-        self.engine.step()
-
     # -- weights and checkpoints ----------------------------------------------------------
 
-    def named_weights(self) -> dict[str, Any]:
-        """Full weights with HF names on CPU (gathered under ZeRO-3), for the engines."""
-        import deepspeed
+    def weight_buckets(self) -> Iterator[list[tuple[str, Any]]]:
+        """Collective: the full weights with HF names on CPU, in buckets, gathered module by
+        module under ZeRO-3. Every rank iterates it to the end; rank 0's buckets hold the
+        tensors, the others' are empty (`rstar2cli.train_utils.weight_buckets`)."""
+        from rstar2cli.train_utils import weight_buckets
 
-        params = list(self.engine.module.parameters())
-        with deepspeed.zero.GatheredParameters(params, enabled=self.cfg.zero_stage == 3):
-            return {
-                k: v.detach().to("cpu").clone() for k, v in self.engine.module.state_dict().items()
-            }
+        return weight_buckets(self.engine.module.lm, self.zero3, self.rank == 0)
 
     def weight_plan(self, dtype: str) -> SyncPlan:
         """The buckets a broadcast sync sends (the same on every rank)."""
         from rstar2cli.scheduler.weight_sync import module_plan
 
-        return module_plan(self.engine.module, dtype)
+        return module_plan(self.engine.module.lm, dtype)
 
     def send_weights(self, group: Any | None, plan: SyncPlan) -> int | None:
         """Collective (every rank, ZeRO-3 gathers per bucket): rank 0, holding the transfer group,
@@ -308,7 +303,7 @@ class PolicyTrainer:
 
         on_device = group is not None and moves_device_tensors(group)
         device = self.engine.device if on_device else "cpu"
-        return send_module(self.engine.module, group, plan, self.cfg.zero_stage == 3, device)
+        return send_module(self.engine.module.lm, group, plan, self.zero3, device)
 
     def save_checkpoint(self, ckpt_dir: Path, step: int, client_state: dict[str, Any]) -> None:
         """Collective: every rank calls it. Writes ckpt_dir/step<N> and ckpt_dir/latest."""
@@ -317,7 +312,8 @@ class PolicyTrainer:
     def load_checkpoint(
         self, ckpt_dir: Path, module_only: bool = False, with_scheduler: bool = True
     ) -> dict[str, Any] | None:
-        """Load the newest checkpoint of ckpt_dir; returns its client state (None: nothing there)."""
+        """Collective. Load the newest checkpoint of ckpt_dir; returns its client state (None:
+        nothing there)."""
         if not (ckpt_dir / "latest").exists():
             return None
         _, client = self.engine.load_checkpoint(
@@ -329,59 +325,62 @@ class PolicyTrainer:
         return client or {}
 
     def save_hf(self, out_dir: Path) -> Path:
-        """HF folder (weights + tokenizer) written atomically; rank 0 writes."""
-        import deepspeed
+        """Collective: HF folder (weights + tokenizer) written atomically by rank 0."""
+        from rstar2cli.train_utils import save_hf
 
-        tmp = out_dir.with_name(out_dir.name + ".tmp")
-        params = list(self.engine.module.parameters())
-        with deepspeed.zero.GatheredParameters(params, enabled=self.cfg.zero_stage == 3):
-            if self.rank == 0:
-                shutil.rmtree(tmp, ignore_errors=True)
-                module = self.engine.module
-                module.config.use_cache = True
-                module.save_pretrained(tmp, safe_serialization=True)
-                module.config.use_cache = False
-                self.tokenizer.save_pretrained(tmp)
-                shutil.rmtree(out_dir, ignore_errors=True)
-                os.replace(tmp, out_dir)
-        return out_dir
-
-
-def accumulation_steps(max_trajectories: int, cfg: RlTrainConfig, world: int) -> int:
-    """Micro-batches per rank per mini-batch so the largest possible mini-batch fits."""
-    per_mini = math.ceil(max_trajectories / cfg.num_mini_batches)
-    return max(1, math.ceil(per_mini / (cfg.micro_batch_size * world)))
+        return save_hf(self.engine.module.lm, self.tokenizer, out_dir, self.zero3, self.rank)
 
 
 def plan_update(
     samples: list[TrainSample],
     num_mini_batches: int,
     world: int,
-    gas: int,
+    max_tokens_per_micro_batch: int,
     seed_key: tuple[int, ...],
-) -> tuple[list[list[list[list[TrainSample]]]], list[int]]:
-    """Split kept trajectories into mini-batches, then into `world` x `gas` micro-batches.
+) -> tuple[list[RankPlan], list[int]]:
+    """Split kept trajectories into mini-batches, deal them to `world` ranks and cut each rank's
+    share into micro-batches of at most `max_tokens_per_micro_batch` padded tokens.
 
     Returns (plan[rank][mini][micro] -> samples, model tokens per mini-batch). Mini-batches are a
-    seeded shuffle cut in equal parts; inside one, trajectories are sorted by length and dealt
-    round-robin, so micro-batches have similar lengths (less padding) and sizes that differ by at
-    most one. Deterministic given `seed_key`.
+    seeded shuffle cut in equal parts. Inside one, trajectories go longest first to the rank with
+    the fewest tokens so far; a rank's micro-batch takes its next-longest trajectories while
+    (rows x longest row) fits the budget (a trajectory over the budget gets one of its own).
+    Every rank then gets as many micro-batches as the rank that needs most (empty ones pad).
+    Deterministic given `seed_key`.
     """
     import numpy as np
 
     order = list(range(len(samples)))
     if num_mini_batches > 1:
         order = np.random.default_rng(list(seed_key)).permutation(len(samples)).tolist()
-    minis = [order[m::num_mini_batches] for m in range(num_mini_batches)]
-    plan: list[list[list[list[TrainSample]]]] = [
-        [[[] for _ in range(gas)] for _ in minis] for _ in range(world)
-    ]
+    plan: list[RankPlan] = [[] for _ in range(world)]
     tokens = []
-    for m, idx in enumerate(minis):
-        ranked = sorted(
-            idx, key=lambda i: (-len(samples[i].response_ids) - len(samples[i].prompt_ids), i)
-        )
-        for slot, i in enumerate(ranked):
-            plan[slot % world][m][(slot // world) % gas].append(samples[i])
+    for m in range(num_mini_batches):
+        idx = order[m::num_mini_batches]
+        ranked = sorted(idx, key=lambda i: (-samples[i].num_tokens, i))
+        shares: list[list[TrainSample]] = [[] for _ in range(world)]
+        loads = [0] * world
+        for i in ranked:
+            r = loads.index(min(loads))
+            shares[r].append(samples[i])
+            loads[r] += samples[i].num_tokens
+        micro = [token_budget_micro_batches(share, max_tokens_per_micro_batch) for share in shares]
+        num_micro = max(1, max(len(mb) for mb in micro))
+        for r in range(world):
+            plan[r].append(micro[r] + [[] for _ in range(num_micro - len(micro[r]))])
         tokens.append(sum(samples[i].num_model_tokens for i in idx))
     return plan, tokens
+
+
+def token_budget_micro_batches(
+    longest_first: list[TrainSample], max_tokens: int
+) -> list[list[TrainSample]]:
+    """Consecutive runs of trajectories (sorted longest first) whose padded size, rows x the
+    first (longest) row, is at most `max_tokens`."""
+    out: list[list[TrainSample]] = []
+    for s in longest_first:
+        if out and (len(out[-1]) + 1) * out[-1][0].num_tokens <= max_tokens:
+            out[-1].append(s)
+        else:
+            out.append([s])
+    return out

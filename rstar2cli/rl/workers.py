@@ -1,77 +1,92 @@
 """Where the trainer ranks live: in this process (one rank) or as Ray actors (several ranks).
 
-Both groups have the same small surface the stage loop uses: `world`, `update(plans, tokens)`,
-`named_weights()`, `save_checkpoint`, `load_checkpoint`, `save_hf`, `close`, and for the broadcast
-weight sync (rstar2cli/rl/sync.py) `weight_group_address`, `join_weight_group`, `weight_plan`,
-`send_weights`. Every call that is a collective under DeepSpeed (update, save, load, send_weights)
-goes to all ranks at once; rank 0 alone joins the transfer group.
+Both groups implement `Trainers`, the typed surface the stage loop uses: `world`,
+`update(plans, tokens)`, `weight_buckets()`, `save_checkpoint`, `load_checkpoint`, `save_hf`,
+`close`, and for the broadcast weight sync (rstar2cli/rl/sync.py) `on_gpu`, `placements`,
+`weight_group_address`, `join_weight_group`, `weight_plan`, `send_weights`. Every call that is a
+collective under DeepSpeed (update, weights, save, load) goes to all ranks at once; a rank left
+out would leave the others waiting in a gather forever. Rank 0 alone joins the transfer group.
 
 - `LocalTrainers`: one `PolicyTrainer` in the driver process; torch.distributed with world size 1
-  (gloo on CPU, nccl on GPU), no launcher (`setup_process_env`).
+  (gloo on CPU, nccl on GPU), no launcher (`rstar2cli.train_utils.init_distributed`).
 - `RayTrainers`: `num_ranks` actors, each one rank of a torch.distributed group whose rendezvous
-  is rank 0's node; gloo on CPU, nccl when the actors have GPUs. Placed by Ray (local instance by
-  default, a cluster with `ray_address`). Rank 0 returns the weights for the engines.
+  is rank 0's node; gloo on CPU, nccl when the actors have GPUs. Placed by Ray where
+  `actor_options` say (placement.RayPlacement), else one GPU (or CPU) each. Weights leave as a
+  stream of buckets: every actor walks the same module gathers, rank 0's stream carries the
+  tensors.
 
 What it does not do: decide what to train on (the driver builds the plans) or restart dead actors.
-Tested in tests/integration/test_rl_stage.py: local, and
-(two engine actors + two trainer ranks over gloo).
+Tested in tests/integration/test_trainer_ranks.py (2 Ray ranks, ZeRO 0/2/3, gloo) and
+tests/integration/test_rl_stage.py (local, and a 3-node Ray cluster: two engine actors + two
+trainer ranks).
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from rstar2cli.rl.recipe import RlTrainConfig
-from rstar2cli.rl.trainer import PolicyTrainer, UpdateSums
+from rstar2cli.rl.trainer import PolicyTrainer, RankPlan, UpdateSums
 from rstar2cli.scheduler.weight_sync import GroupAddress, SyncPlan, free_port, open_group
 
 
-def init_distributed() -> None:
-    """torch.distributed for this process from RANK/WORLD_SIZE/MASTER_* (set up if missing)."""
-    from rstar2cli.sft.train import setup_process_env
+class Trainers(Protocol):
+    """The trainer ranks as the stage loop sees them; every method is a collective."""
 
-    setup_process_env()
-    import deepspeed
-    import torch
+    world: int
 
-    deepspeed.utils.logger.setLevel("WARNING")
-    deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() else "gloo")
+    def update(self, plans: list[RankPlan], tokens: list[int]) -> list[UpdateSums]:
+        """One RL step: plans[r] to rank r; returns each rank's sums."""
+        ...
+
+    def weight_buckets(self) -> Iterator[list[tuple[str, Any]]]:
+        """The full weights (HF names, CPU tensors) in buckets, gathered module by module."""
+        ...
+
+    def save_checkpoint(self, ckpt_dir: Path, step: int, client_state: dict[str, Any]) -> None: ...
+
+    def load_checkpoint(
+        self, ckpt_dir: Path, module_only: bool = False, with_scheduler: bool = True
+    ) -> dict[str, Any] | None: ...
+
+    def save_hf(self, out_dir: Path) -> None: ...
+
+    def close(self) -> None: ...
+
+    # the broadcast sync: rank 0 is rank 0 of the transfer group
+    def on_gpu(self) -> bool: ...
+
+    def placements(self) -> list[dict[str, Any]]: ...
+
+    def weight_group_address(self, world_size: int, backend: str) -> GroupAddress: ...
+
+    def join_weight_group(self, address: GroupAddress) -> None: ...
+
+    def weight_plan(self, dtype: str) -> SyncPlan: ...
+
+    def send_weights(self, plan: SyncPlan) -> int | None:
+        """Every rank takes part (ZeRO-3 gathers); rank 0 broadcasts and returns the checksum."""
+        ...
 
 
 class LocalTrainers:
     world = 1
 
-    def __init__(self, model_path: str, cfg: RlTrainConfig, gas: int):
+    def __init__(self, model_path: str, cfg: RlTrainConfig):
+        from rstar2cli.train_utils import init_distributed
+
         init_distributed()
-        self.trainer = PolicyTrainer(model_path, cfg, gas, rank=0, world=1)
+        self.trainer = PolicyTrainer(model_path, cfg, rank=0, world=1)
         self.weight_group: Any = None
 
-    def update(self, plans: list[Any], tokens: list[int]) -> list[UpdateSums]:
+    def update(self, plans: list[RankPlan], tokens: list[int]) -> list[UpdateSums]:
         return [self.trainer.update(plans[0], tokens)]
 
-    def named_weights(self) -> dict[str, Any]:
-        return self.trainer.named_weights()
-
-    # the broadcast sync (rstar2cli/rl/sync.py): this process is rank 0 of the transfer group
-    def on_gpu(self) -> bool:
-        return self.trainer.on_gpu
-
-    def weight_group_address(self, world_size: int, backend: str) -> GroupAddress:
-        return _group_address(world_size, backend)
-
-    def join_weight_group(self, address: GroupAddress) -> None:
-        self.weight_group = open_group(address, 0)
-
-    def weight_plan(self, dtype: str) -> SyncPlan:
-        return self.trainer.weight_plan(dtype)
-
-    def send_weights(self, plan: SyncPlan) -> int | None:
-        return self.trainer.send_weights(self.weight_group, plan)
-
-    def placements(self) -> list[dict[str, Any]]:
-        return []
+    def weight_buckets(self) -> Iterator[list[tuple[str, Any]]]:
+        return self.trainer.weight_buckets()
 
     def save_checkpoint(self, ckpt_dir: Path, step: int, client_state: dict[str, Any]) -> None:
         self.trainer.save_checkpoint(ckpt_dir, step, client_state)
@@ -86,6 +101,24 @@ class LocalTrainers:
 
     def close(self) -> None:
         pass
+
+    def on_gpu(self) -> bool:
+        return self.trainer.on_gpu
+
+    def placements(self) -> list[dict[str, Any]]:
+        return []
+
+    def weight_group_address(self, world_size: int, backend: str) -> GroupAddress:
+        return _group_address(world_size, backend)
+
+    def join_weight_group(self, address: GroupAddress) -> None:
+        self.weight_group = open_group(address, 0)
+
+    def weight_plan(self, dtype: str) -> SyncPlan:
+        return self.trainer.weight_plan(dtype)
+
+    def send_weights(self, plan: SyncPlan) -> int | None:
+        return self.trainer.send_weights(self.weight_group, plan)
 
 
 class TrainerActor:
@@ -104,18 +137,15 @@ class TrainerActor:
 
     def rendezvous(self) -> tuple[str, int]:
         """This node's address and a free port on it (rank 0 hosts the process group)."""
-        import socket
-
         import ray
 
-        with socket.socket() as s:
-            s.bind(("", 0))
-            port = int(s.getsockname()[1])
-        return ray.util.get_node_ip_address(), port
+        return ray.util.get_node_ip_address(), free_port()
 
     def build(
-        self, model_path: str, cfg: RlTrainConfig, gas: int, master_addr: str, master_port: int
+        self, model_path: str, cfg: RlTrainConfig, master_addr: str, master_port: int
     ) -> None:
+        from rstar2cli.train_utils import init_distributed
+
         os.environ.update(
             RANK=str(self.rank),
             WORLD_SIZE=str(self.world),
@@ -124,19 +154,18 @@ class TrainerActor:
             MASTER_PORT=str(master_port),
         )
         init_distributed()
-        self.trainer = PolicyTrainer(model_path, cfg, gas, rank=self.rank, world=self.world)
+        self.trainer = PolicyTrainer(model_path, cfg, rank=self.rank, world=self.world)
 
     @property
     def _built(self) -> PolicyTrainer:
         assert self.trainer is not None, "TrainerActor.build() comes first"
         return self.trainer
 
-    def update(self, plan: Any, tokens: list[int]) -> UpdateSums:
+    def update(self, plan: RankPlan, tokens: list[int]) -> UpdateSums:
         return self._built.update(plan, tokens)
 
-    def named_weights(self) -> dict[str, Any] | None:
-        weights = self._built.named_weights()  # a ZeRO-3 gather: every rank takes part
-        return weights if self.rank == 0 else None
+    def weight_buckets(self) -> Iterator[list[tuple[str, Any]]]:
+        yield from self._built.weight_buckets()
 
     def placement(self) -> dict[str, Any]:
         from rstar2cli.scheduler.placement import where_am_i
@@ -170,7 +199,6 @@ class RayTrainers:
         self,
         model_path: str,
         cfg: RlTrainConfig,
-        gas: int,
         num_ranks: int,
         ray_address: str | None,
         num_cpus_per_rank: float = 1.0,
@@ -180,8 +208,7 @@ class RayTrainers:
         None: one GPU each when the cluster has GPUs, else `num_cpus_per_rank` CPUs."""
         import ray
 
-        if not ray.is_initialized():
-            ray.init(address=None if ray_address in (None, "local") else ray_address)
+        init_ray(ray_address, num_ranks)
         if actor_options is None:
             has_gpus = ray.cluster_resources().get("GPU", 0) > 0
             one: dict[str, Any] = {"num_gpus": 1} if has_gpus else {"num_cpus": num_cpus_per_rank}
@@ -195,51 +222,31 @@ class RayTrainers:
         ]
         self.world = num_ranks
         addr, port = ray.get(self.actors[0].rendezvous.remote())
-        ray.get([a.build.remote(model_path, cfg, gas, addr, port) for a in self.actors])
+        ray.get([a.build.remote(model_path, cfg, addr, port) for a in self.actors])
         self._placements: list[dict[str, Any]] = ray.get(
             [a.placement.remote() for a in self.actors]
         )
 
-    def update(self, plans: list[Any], tokens: list[int]) -> list[UpdateSums]:
+    def update(self, plans: list[RankPlan], tokens: list[int]) -> list[UpdateSums]:
         import ray
 
         return ray.get(
             [a.update.remote(p, tokens) for a, p in zip(self.actors, plans, strict=False)]
         )
 
-    def named_weights(self) -> dict[str, Any]:
-        """Rank 0's full copy; every rank is called, as ZeRO-3's gather is a collective."""
+    def weight_buckets(self) -> Iterator[list[tuple[str, Any]]]:
         import ray
 
-        return ray.get([a.named_weights.remote() for a in self.actors])[0]
-
-    def placements(self) -> list[dict[str, Any]]:
-        """Per rank: node id, the GPU ids Ray gave it, whether torch sees a GPU."""
-        return self._placements
-
-    def on_gpu(self) -> bool:
-        return bool(self._placements[0]["on_gpu"])
-
-    def weight_group_address(self, world_size: int, backend: str) -> GroupAddress:
-        import ray
-
-        return ray.get(self.actors[0].weight_group_address.remote(world_size, backend))
-
-    def join_weight_group(self, address: GroupAddress) -> None:
-        import ray
-
-        ray.get(self.actors[0].join_weight_group.remote(address))
-
-    def weight_plan(self, dtype: str) -> SyncPlan:
-        import ray
-
-        return ray.get(self.actors[0].weight_plan.remote(dtype))
-
-    def send_weights(self, plan: SyncPlan) -> int | None:
-        """Every rank takes part (ZeRO-3 gathers); rank 0 broadcasts and returns the checksum."""
-        import ray
-
-        return ray.get([a.send_weights.remote(plan) for a in self.actors])[0]
+        # NOTE: every rank's stream is started at once: the ranks gather module by module
+        # together; only rank 0's buckets hold tensors.
+        streams = [a.weight_buckets.options(num_returns="streaming").remote() for a in self.actors]
+        try:
+            for ref in streams[0]:
+                yield ray.get(ref)
+        finally:
+            for stream in streams[1:]:
+                for ref in stream:
+                    ray.get(ref)  # NOTE: waits for the rank, and raises its error if it failed
 
     def save_checkpoint(self, ckpt_dir: Path, step: int, client_state: dict[str, Any]) -> None:
         import ray
@@ -270,6 +277,33 @@ class RayTrainers:
         for actor in self.actors:
             ray.kill(actor)
 
+    def on_gpu(self) -> bool:
+        return bool(self._placements[0]["on_gpu"])
+
+    def placements(self) -> list[dict[str, Any]]:
+        """Per rank: node id, the GPU ids Ray gave it, whether torch sees a GPU."""
+        return self._placements
+
+    def weight_group_address(self, world_size: int, backend: str) -> GroupAddress:
+        import ray
+
+        return ray.get(self.actors[0].weight_group_address.remote(world_size, backend))
+
+    def join_weight_group(self, address: GroupAddress) -> None:
+        import ray
+
+        ray.get(self.actors[0].join_weight_group.remote(address))
+
+    def weight_plan(self, dtype: str) -> SyncPlan:
+        import ray
+
+        return ray.get(self.actors[0].weight_plan.remote(dtype))
+
+    def send_weights(self, plan: SyncPlan) -> int | None:
+        import ray
+
+        return ray.get([a.send_weights.remote(plan) for a in self.actors])[0]
+
 
 def init_ray(address: str | None, num_actors: int) -> None:
     """Join the cluster at `address`, or start a local instance with logical CPUs for every actor.
@@ -285,21 +319,24 @@ def init_ray(address: str | None, num_actors: int) -> None:
     if address not in (None, "local"):
         ray.init(address=address)
         return
-    ray.init(num_cpus=max(os.cpu_count() or 1, num_actors), include_dashboard=False)
+    # NOTE: address="local" starts a new instance even when another process on this machine
+    # runs one (address=None would join it, and then refuse num_cpus).
+    ray.init(
+        address="local", num_cpus=max(os.cpu_count() or 1, num_actors), include_dashboard=False
+    )
 
 
 def make_trainers(
     model_path: str,
     cfg: RlTrainConfig,
-    gas: int,
     ray_address: str | None,
     actor_options: list[dict[str, Any]] | None = None,
-) -> Any:
+) -> Trainers:
     """Local when one rank and no Ray address; Ray actors otherwise (placed by `actor_options`)."""
     if cfg.num_trainer_ranks == 1 and ray_address is None:
-        return LocalTrainers(model_path, cfg, gas)
+        return LocalTrainers(model_path, cfg)
     return RayTrainers(
-        model_path, cfg, gas, cfg.num_trainer_ranks, ray_address, actor_options=actor_options
+        model_path, cfg, cfg.num_trainer_ranks, ray_address, actor_options=actor_options
     )
 
 

@@ -7,10 +7,11 @@ eager, flash varlen), so no token attends across examples. Padding at the end of
 block and has no targets. `packing=False` gives one example per row, which is the reference the
 packed loss is tested against.
 
-`token_loss_sum` sums the cross-entropy over target tokens; the trainer divides by the number of
-targets in the whole global batch, so the loss does not depend on how examples were packed or
-split into micro-batches. Pure tensor functions; tested in tests/unit/test_sft_data.py
-(packed loss == unpacked loss on the tiny model).
+`forward_loss_sum` sums the cross-entropy over target tokens (the chunked log-probs of
+`rstar2cli.lm_scoring.ScoringLM`, computed at target positions only); the trainer divides by the
+number of targets in the whole global batch, so the loss does not depend on how examples were
+packed or split into micro-batches. Tested in tests/unit/test_sft_data.py (packed loss ==
+unpacked loss on the tiny model).
 """
 
 from __future__ import annotations
@@ -75,17 +76,23 @@ def collate(examples: list[Any], max_seq_len: int, pad_id: int, packing: bool = 
     )
 
 
-def token_loss_sum(logits: Any, labels: Any) -> Any:
-    """Sum of next-token cross-entropy over target tokens. logits [R, L, V], labels [R, L]."""
-    import torch.nn.functional as F
-
-    vocab = logits.shape[-1]
-    pred = logits[:, :-1].reshape(-1, vocab).float()  # [R*(L-1), V]
-    target = labels[:, 1:].reshape(-1)  # [R*(L-1)]
-    return F.cross_entropy(pred, target, ignore_index=IGNORE, reduction="sum")
-
-
 def forward_loss_sum(model: Any, batch: Batch) -> Any:
-    """Run the model on a packed batch (no attention mask: boundaries come from position ids)."""
-    out = model(input_ids=batch.input_ids, position_ids=batch.position_ids, use_cache=False)
-    return token_loss_sum(out.logits, batch.labels)
+    """Sum of next-token cross-entropy over the target tokens of a packed batch.
+
+    `model` is a `rstar2cli.lm_scoring.ScoringLM` (or the DeepSpeed engine around one): the
+    log-probs come only at target positions, in chunks. No attention mask: example boundaries
+    come from the position ids.
+    """
+    import torch
+
+    is_target = batch.labels[:, 1:] != IGNORE  # [R, L-1]: position t predicts token t + 1
+    rows, cols = is_target.nonzero(as_tuple=True)  # [N], [N]
+    targets = batch.labels[:, 1:][rows, cols]  # [N]
+    logprobs, _ = model(
+        input_ids=batch.input_ids,
+        rows=rows,
+        cols=cols,
+        targets=targets,
+        position_ids=batch.position_ids,
+    )
+    return -torch.sum(logprobs)

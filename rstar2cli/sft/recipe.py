@@ -101,6 +101,11 @@ class TrainConfig(RecipeModel):
     adam_eps: float = Field(1.0e-8, gt=0, description="AdamW epsilon.")
     grad_clip: float = Field(1.0, gt=0, description="Clip the global gradient norm to this.")
     zero_stage: int = Field(0, ge=0, le=3, description="DeepSpeed ZeRO stage (0-3).")
+    gradient_checkpointing: bool = Field(
+        True,
+        description="Recompute each decoder layer's activations in the backward pass instead of "
+        "keeping them (about 1/3 more compute; what lets long packed rows of a large model fit).",
+    )
     precision: Literal["auto", "bf16", "fp32"] = Field(
         "auto", description="auto: bf16 on GPU, fp32 on CPU."
     )

@@ -5,48 +5,36 @@ order, splits them into micro-batches of `micro_batch_size` examples (dealt roun
 ranks), packs each into rows (`rstar2cli.sft.packing`) and accumulates gradients; the loss is the
 token-level mean over all target tokens of the global batch, whatever the packing. AdamW (a torch
 optimizer object: DeepSpeed's CPU Adam would compile for ~40 s), cosine schedule with linear
-warm-up, gradient clipping and ZeRO stage come from the recipe; bf16 on GPU, fp32 on CPU
-(`DS_ACCELERATOR=cpu`, gloo). One process needs no launcher; several come from torchrun
+warm-up, gradient clipping, gradient checkpointing and ZeRO stage come from the recipe; bf16 on
+GPU, fp32 on CPU (`DS_ACCELERATOR=cpu`, gloo). The engine is the shared one
+(`rstar2cli.train_utils.build_engine`: under ZeRO-3 the model is built partitioned) and the loss
+sums the chunked log-probs of the targets (`rstar2cli.lm_scoring`), so no [tokens x vocab] fp32
+tensor exists for a whole micro-batch. One process needs no launcher; several come from torchrun
 (`torchrun --nproc_per_node N --no-python rstar2 sft-coldstart ...`, which sets RANK, WORLD_SIZE,
-LOCAL_RANK and the rendezvous; tested with 2 CPU ranks in tests/integration/test_paper_pipeline.py).
+LOCAL_RANK and the rendezvous; tested with 2 CPU ranks in tests/integration/test_sft_ranks.py and
+tests/integration/test_paper_pipeline.py), or any launcher that sets the same variables.
+Every rank enters every collective: each micro-batch's backward, the checkpoint, the final
+gather of the weights for the HF folder (module by module, rank 0 writes).
 
 Every `checkpoint.every_steps` it saves model, optimizer, scheduler, RNG states and the step
 (which fixes the data position, since the order is a function of seed and epoch). Rerunning the
 same command loads the newest checkpoint and continues; on CPU the resumed run is bit-identical to
 an uninterrupted one. Output under OUT: metrics.jsonl, tb/ (TensorBoard), checkpoints/,
 rejects.jsonl, final/ (save_pretrained + tokenizer + chat template, what vLLM and `rl-stage`
-load). Tested in tests/integration/test_sft_resume.py.
+load). Tested in tests/integration/test_sft_resume.py (resume; 2 ranks under ZeRO 0/3).
 """
 
 from __future__ import annotations
 
 import math
-import os
-import shutil
-import socket
 import time
 from pathlib import Path
 from typing import Any
 
 from rstar2cli import protocol as P
 from rstar2cli.errors import UserError
-from rstar2cli.sft.recipe import SftRecipe, check_world_size, gradient_accumulation_steps
-from rstar2cli.train_utils import prune_checkpoints, rng_state, set_rng_state
-
-
-def setup_process_env() -> None:
-    """Single process without a launcher: fill in what torch.distributed expects."""
-    if "RANK" not in os.environ:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        os.environ.update(
-            MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", WORLD_SIZE="1", LOCAL_RANK="0"
-        )
-    import torch
-
-    if not torch.cuda.is_available():
-        os.environ.setdefault("DS_ACCELERATOR", "cpu")  # NOTE: must be set before deepspeed imports
+from rstar2cli.sft.recipe import SftRecipe, check_world_size
+from rstar2cli.train_utils import batch_indices, prune_checkpoints, rng_state, set_rng_state
 
 
 def cosine_factor(step: int, total_steps: int, warmup_steps: int, min_ratio: float) -> float:
@@ -57,41 +45,10 @@ def cosine_factor(step: int, total_steps: int, warmup_steps: int, min_ratio: flo
     return min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
-def batch_indices(step: int, num_examples: int, batch_size: int, seed: int) -> list[int]:
-    """Example indices of one optimizer step: positions step*B .. step*B+B-1 of the stream of
-    per-epoch permutations (a permutation depends only on seed and epoch, so resume needs only
-    the step)."""
-    import torch
-
-    out, perms = [], {}
-    for pos in range(step * batch_size, (step + 1) * batch_size):
-        epoch = pos // num_examples
-        if epoch not in perms:
-            g = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
-            perms[epoch] = torch.randperm(num_examples, generator=g).tolist()
-        out.append(perms[epoch][pos % num_examples])
-    return out
-
-
 def total_steps(recipe: SftRecipe, num_examples: int) -> int:
     if recipe.train.max_steps is not None:
         return recipe.train.max_steps
     return max(1, int(recipe.train.num_epochs * num_examples) // recipe.train.global_batch_size)
-
-
-def ds_config(recipe: SftRecipe, world_size: int, bf16: bool) -> dict[str, Any]:
-    t = recipe.train
-    return {
-        "train_batch_size": t.global_batch_size,
-        "train_micro_batch_size_per_gpu": t.micro_batch_size,
-        "gradient_accumulation_steps": gradient_accumulation_steps(recipe, world_size),
-        "gradient_clipping": t.grad_clip,
-        "zero_optimization": {"stage": t.zero_stage},
-        "zero_allow_untested_optimizer": True,  # a torch AdamW object (see module docstring)
-        "bf16": {"enabled": bf16},
-        "steps_per_print": 10**9,
-        "wall_clock_breakdown": False,
-    }
 
 
 # ---------------------------------------------------------------------------------------------
@@ -139,32 +96,25 @@ def _load_data(recipe: SftRecipe, tok: Any, out: Path, rank: int) -> list[Any]:
 
 
 def _build_engine(recipe: SftRecipe, model_path: str, num_steps: int, world: int, bf16: bool):
-    import deepspeed
     import torch
-    from transformers import AutoModelForCausalLM
+
+    from rstar2cli.train_utils import EngineSpec, build_engine
 
     t = recipe.train
     torch.manual_seed(t.seed)
-    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
-    model.config.use_cache = False
-    optimizer = torch.optim.AdamW(
-        model.parameters(),
+    spec = EngineSpec(
+        model_path=model_path,
+        zero_stage=t.zero_stage,
+        bf16=bf16,
+        gradient_checkpointing=t.gradient_checkpointing,
+        grad_clip=t.grad_clip,
         lr=t.lr,
         betas=(t.adam_beta1, t.adam_beta2),
-        eps=t.adam_eps,
         weight_decay=t.weight_decay,
+        adam_eps=t.adam_eps,
     )
     warmup = math.ceil(t.warmup_ratio * num_steps)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda s: cosine_factor(s, num_steps, warmup, t.min_lr_ratio)
-    )
-    engine, _, _, _ = deepspeed.initialize(
-        model=model,
-        optimizer=optimizer,
-        lr_scheduler=scheduler,
-        config=ds_config(recipe, world, bf16),
-    )
-    return engine
+    return build_engine(spec, world, lambda s: cosine_factor(s, num_steps, warmup, t.min_lr_ratio))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -191,23 +141,14 @@ def _save(engine: Any, ckpt_dir: Path, step: int, keep_last: int, rank: int) -> 
 
 
 def save_final(engine: Any, tok: Any, out: Path, recipe: SftRecipe, rank: int) -> Path:
-    """HF folder (weights, tokenizer, chat template, generation config) written atomically."""
-    import deepspeed
+    """Collective: the HF folder (weights, tokenizer, chat template, generation config) written
+    atomically by rank 0 from weights gathered module by module."""
+    from rstar2cli.train_utils import save_hf
 
-    final, tmp = out / "final", out / "final.tmp"
-    params = list(engine.module.parameters())
-    with deepspeed.zero.GatheredParameters(params, enabled=recipe.train.zero_stage == 3):
-        if rank == 0:
-            shutil.rmtree(tmp, ignore_errors=True)
-            module = engine.module
-            module.generation_config.eos_token_id = tok.convert_tokens_to_ids(P.IM_END)
-            module.generation_config.pad_token_id = tok.pad_token_id
-            module.config.use_cache = True
-            module.save_pretrained(tmp, safe_serialization=True)
-            tok.save_pretrained(tmp)
-            shutil.rmtree(final, ignore_errors=True)
-            os.replace(tmp, final)
-    return final
+    lm = engine.module.lm
+    lm.generation_config.eos_token_id = tok.convert_tokens_to_ids(P.IM_END)
+    lm.generation_config.pad_token_id = tok.pad_token_id
+    return save_hf(lm, tok, out / "final", recipe.train.zero_stage == 3, rank)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -227,11 +168,14 @@ def _train_step(
     from rstar2cli.sft.packing import collate, forward_loss_sum
 
     t = recipe.train
-    gas = gradient_accumulation_steps(recipe, world)
     global_targets = sum(sum(examples[i].loss_mask[1:]) for i in idx)
     micro = [idx[j : j + t.micro_batch_size] for j in range(0, len(idx), t.micro_batch_size)]
     loss_sum, num_targets, num_tokens, grad_norm = 0.0, 0, 0, None
-    for chunk in micro[rank::world]:
+    # NOTE: check_world_size makes the micro-batches a multiple of the ranks: every rank runs
+    # as many backward passes (each one a collective under ZeRO-2/3)
+    mine = micro[rank::world]
+    for j, chunk in enumerate(mine):
+        engine.set_gradient_accumulation_boundary(j == len(mine) - 1)
         batch = collate([examples[i] for i in chunk], recipe.data.max_seq_len, pad_id, t.packing)
         dev = engine.device
         batch.input_ids, batch.position_ids, batch.labels = (
@@ -240,15 +184,15 @@ def _train_step(
             batch.labels.to(dev),
         )
         summed = forward_loss_sum(engine, batch)
-        # NOTE: DeepSpeed divides by gas and averages over ranks; scaling by gas*world/targets
-        # makes the update the gradient of (sum over the global batch) / (global target count).
-        engine.backward(summed * (gas * world / max(1, global_targets)))
-        if engine.is_gradient_accumulation_boundary() and t.zero_stage == 0:
-            grad_norm = _grad_norm(engine.module)  # DeepSpeed reports it only for bf16/ZeRO
-        engine.step()
+        # NOTE: DeepSpeed averages over ranks; scaling by world/targets makes the update the
+        # gradient of (sum over the global batch) / (global target count).
+        engine.backward(summed * (world / max(1, global_targets)))
         loss_sum += float(summed.detach())
         num_targets += batch.num_targets
         num_tokens += batch.num_tokens
+    if t.zero_stage == 0:
+        grad_norm = _grad_norm(engine.module)  # NOTE: DeepSpeed reports it only for bf16/ZeRO
+    engine.step()
     if grad_norm is None:
         grad_norm = engine.get_global_grad_norm()
     return loss_sum, num_targets, num_tokens, None if grad_norm is None else float(grad_norm)
@@ -273,24 +217,14 @@ def _all_sum(values: list[float]) -> list[float]:
 
 def run(recipe: SftRecipe, out: Path) -> Path:
     """Train (or resume) into `out`; returns the final HF folder."""
-    setup_process_env()
-    import deepspeed
     import torch
     import torch.distributed as dist
 
     from rstar2cli.sft.progress import Reporter
+    from rstar2cli.train_utils import init_distributed
 
-    deepspeed.utils.logger.setLevel("WARNING")
+    rank, world = init_distributed()
     on_gpu = torch.cuda.is_available()
-    if not on_gpu and os.environ.get("WORLD_SIZE") == "1":
-        # NOTE: DeepSpeed JIT-builds a shared-memory all-reduce op for CPU ranks under a lock file
-        # in ~/.cache/torch_extensions; one rank has nothing to all-reduce, and a process killed
-        # while holding that lock would hang every later run, so one CPU rank skips it.
-        deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
-    deepspeed.init_distributed(dist_backend="nccl" if on_gpu else "gloo")
-    rank, world = dist.get_rank(), dist.get_world_size()
-    if on_gpu:
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     check_world_size(recipe, world)
     bf16 = recipe.train.precision == "bf16" or (recipe.train.precision == "auto" and on_gpu)
     model_path = _model_path(recipe, out, rank)

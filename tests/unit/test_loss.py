@@ -148,3 +148,99 @@ def test_token_logprobs_and_entropy():
         token_logprobs(logits, targets), torch.tensor([[-math.log(4), math.log(0.5)]])
     )
     assert torch.allclose(token_entropy(logits), torch.tensor([[math.log(4), 1.242453]]), atol=1e-5)
+
+
+def test_chunked_logprobs_equal_the_full_logits_values_and_gradients():
+    from rstar2cli.lm_scoring import chunked_logprobs
+
+    # 7 positions in chunks of 3 (3 + 3 + 1), a 5-word vocabulary: the same numbers as one
+    # full [7, 5] log-softmax, and the same gradients for the hidden states and the head.
+    torch.manual_seed(0)
+    head = torch.nn.Linear(4, 5, bias=False)
+    hidden = torch.randn(7, 4, requires_grad=True)
+    targets = torch.tensor([0, 4, 2, 2, 1, 3, 0])
+    weights = torch.randn(7)  # a stand-in for the per-token loss weights
+    logp, entropy = chunked_logprobs(
+        hidden, head, targets, with_entropy=True, entropy_grad=True, chunk_tokens=3
+    )
+    ((logp * weights).sum() + entropy.sum()).backward()
+    got = (hidden.grad.clone(), head.weight.grad.clone())
+    hidden.grad, head.weight.grad = None, None
+
+    logits = head(hidden)[None]  # [1, 7, 5]
+    full_logp = token_logprobs(logits, targets[None])[0]  # [7]
+    full_entropy = token_entropy(logits)[0]  # [7]
+    ((full_logp * weights).sum() + full_entropy.sum()).backward()
+    assert torch.allclose(logp, full_logp, atol=1e-6)
+    assert torch.allclose(entropy, full_entropy, atol=1e-6)
+    assert torch.allclose(got[0], hidden.grad, atol=1e-6)
+    assert torch.allclose(got[1], head.weight.grad, atol=1e-6)
+
+
+def test_chunked_entropy_metric_adds_no_gradient():
+    from rstar2cli.lm_scoring import chunked_logprobs
+
+    torch.manual_seed(1)
+    head = torch.nn.Linear(4, 5, bias=False)
+    hidden = torch.randn(6, 4, requires_grad=True)
+    targets = torch.tensor([1, 2, 3, 4, 0, 1])
+    logp, entropy = chunked_logprobs(hidden, head, targets, with_entropy=True, chunk_tokens=4)
+    assert entropy is not None and not entropy.requires_grad and logp.requires_grad
+    no_entropy, none = chunked_logprobs(hidden, head, targets, chunk_tokens=4)
+    assert none is None and torch.equal(logp, no_entropy)
+
+
+def test_scoring_lm_matches_the_models_own_logits(tiny_model_dir):
+    from transformers import AutoModelForCausalLM
+
+    from rstar2cli.lm_scoring import ScoringLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    ids = torch.tensor([[5, 9, 12, 40, 41, 7], [3, 8, 2, 2, 0, 0]])  # [2, 6]
+    attn = torch.tensor([[1, 1, 1, 1, 1, 1], [1, 1, 1, 1, 0, 0]])
+    rows, cols = torch.tensor([0, 0, 1, 1]), torch.tensor([2, 4, 0, 2])
+    targets = ids[rows, cols + 1]  # position t predicts token t + 1
+    with torch.no_grad():
+        logp, entropy = ScoringLM(model)(
+            ids, rows, cols, targets, attention_mask=attn, with_entropy=True
+        )
+        logits = model(input_ids=ids, attention_mask=attn).logits[rows, cols][None]  # [1, 4, V]
+    assert torch.allclose(logp, token_logprobs(logits, targets[None])[0], atol=1e-5)
+    assert torch.allclose(entropy, token_entropy(logits)[0], atol=1e-5)
+
+
+def _two_mini_batch_update(eps_high: float) -> tuple[torch.Tensor, list[float]]:
+    """The trainer's order on a one-position, three-word policy: old log-probs once, before the
+    first step; then one SGD step (lr 1) per mini-batch. Each mini-batch holds word 0, A = +1."""
+    logits = torch.zeros(3, requires_grad=True)
+    old = torch.log_softmax(logits.detach(), -1)[0].reshape(1, 1)  # log 1/3, before any step
+    clip_high = []
+    for _ in range(2):
+        logp = torch.log_softmax(logits, -1)[0].reshape(1, 1)
+        loss, metrics = ppo_clip_loss(
+            logp, old, torch.tensor([1.0]), torch.ones(1, 1), eps_high=eps_high
+        )
+        logits.grad = None
+        loss.backward()
+        with torch.no_grad():
+            logits -= logits.grad
+        clip_high.append(metrics.clip_frac_high)
+    return logits.detach(), clip_high
+
+
+def test_clip_high_bounds_the_second_mini_batch_update():
+    # Mini-batch 1: ratio 1, loss -r, d(-r)/dz = -(onehot(0) - p) = -(2/3, -1/3, -1/3);
+    #   one SGD step: z = (2/3, -1/3, -1/3), p0 = e / (e + 2) = 0.576117, ratio 1.728352.
+    # Mini-batch 2 (old log-probs still from before step 1): ratio 1.728352 > 1 + 0.28, A > 0:
+    #   per token -min(r, 1.28) = -1.28, a constant: zero gradient, z stays where it was.
+    logits, clip_high = _two_mini_batch_update(eps_high=0.28)
+    assert torch.allclose(logits, torch.tensor([2 / 3, -1 / 3, -1 / 3]), atol=1e-6)
+    assert clip_high == [0.0, 1.0]
+    p0 = torch.softmax(logits, -1)[0].item()
+    assert p0 == pytest.approx(math.e / (math.e + 2), abs=1e-6)
+    assert p0 / (1 / 3) == pytest.approx(1.728352, abs=1e-5)
+    # Without the clip (eps_high 10) the second step pushes on: -r (onehot(0) - p) with
+    #   r = 1.728352, p = (0.576117, 0.211942, 0.211942): z0 += 1.728352 x 0.423883 = 0.732618
+    free, free_high = _two_mini_batch_update(eps_high=10.0)
+    assert free_high == [0.0, 0.0]
+    assert free[0].item() == pytest.approx(2 / 3 + 0.732618, abs=1e-5)

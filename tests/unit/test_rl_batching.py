@@ -9,24 +9,33 @@ import torch
 from rstar2cli.recipe import load_recipe
 from rstar2cli.rl.recipe import RlRecipe
 from rstar2cli.rl.stage import rollout_metrics, select
-from rstar2cli.rl.trainer import TrainSample, accumulation_steps, collate, lr_factor, plan_update
+from rstar2cli.rl.trainer import (
+    TrainSample,
+    collate,
+    lr_factor,
+    plan_update,
+    token_budget_micro_batches,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 
 
-def test_collate_targets_are_the_response_tokens_under_the_mask():
+def test_collate_lists_the_model_tokens_and_the_positions_predicting_them():
     a = TrainSample([1, 2, 3], [7, 8, 9], [1, 0, 1], 0.5)
     b = TrainSample([1, 2], [5, 6], [1, 1], -0.5)
     batch = collate([a, b], pad_id=0)
-    # start = shortest prompt (2) - 1 = 1: targets begin at the token after position 1
-    assert batch["start"] == 1
-    assert batch["input_ids"].tolist() == [[1, 2, 3, 7, 8, 9], [1, 2, 5, 6, 0, 0]]
-    masked = [
-        [t for t, m in zip(ts, ms, strict=False) if m]
-        for ts, ms in zip(batch["targets"].tolist(), batch["mask"].tolist(), strict=False)
+    assert batch.input_ids.tolist() == [[1, 2, 3, 7, 8, 9], [1, 2, 5, 6, 0, 0]]
+    # a: position 2 (token 3) predicts 7, position 4 predicts 9; the tool-response token 8 is
+    # not trained on. b: positions 1 and 2 predict 5 and 6.
+    assert list(zip(batch.rows.tolist(), batch.cols.tolist(), strict=True)) == [
+        (0, 2),
+        (0, 4),
+        (1, 1),
+        (1, 2),
     ]
-    assert masked == [[7, 9], [5, 6]]  # tool-response token 8 is not trained on
-    assert batch["advantages"].tolist() == [0.5, -0.5]
+    assert batch.targets.tolist() == [7, 9, 5, 6]
+    assert batch.input_ids[batch.rows, batch.cols + 1].tolist() == batch.targets.tolist()
+    assert batch.advantages.tolist() == [0.5, 0.5, -0.5, -0.5]
 
 
 def test_lr_warms_up_then_stays_constant():
@@ -34,23 +43,46 @@ def test_lr_warms_up_then_stays_constant():
     assert lr_factor(0, 0) == 1.0
 
 
-def test_plan_splits_evenly_and_counts_tokens():
-    samples = [TrainSample([1] * 3, [2] * (i + 1), [1] * (i + 1), 1.0) for i in range(7)]
-    plan, tokens = plan_update(samples, num_mini_batches=1, world=2, gas=2, seed_key=(0, 0))
-    sizes = [[len(mb) for mb in mini] for rank in plan for mini in rank]
-    assert sizes == [[2, 2], [2, 1]]  # 7 trajectories over 2 ranks x 2 micro-batches
-    assert tokens == [sum(range(1, 8))]
-    again, _ = plan_update(samples, 2, 1, 4, (0, 3))
-    twice, _ = plan_update(samples, 2, 1, 4, (0, 3))
+def _sample(num_tokens: int, num_prompt: int = 3) -> TrainSample:
+    n = num_tokens - num_prompt
+    return TrainSample([1] * num_prompt, [2] * n, [1] * n, 1.0)
+
+
+def test_token_budget_packs_longest_first_while_rows_times_longest_fit():
+    # lengths 10, 8, 6, 5, 5, 3 with a budget of 20 padded tokens:
+    # [10, 8]: 2 rows x 10 = 20 fits; adding 6 -> 3 x 10 = 30 does not
+    # [6, 5, 5]: 3 x 6 = 18 fits; adding 3 -> 4 x 6 = 24 does not
+    # [3]
+    lengths = [10, 8, 6, 5, 5, 3]
+    micro = token_budget_micro_batches([_sample(n) for n in lengths], max_tokens=20)
+    assert [[s.num_tokens for s in mb] for mb in micro] == [[10, 8], [6, 5, 5], [3]]
+    # a trajectory over the budget gets a micro-batch of its own
+    alone = token_budget_micro_batches([_sample(30), _sample(4)], max_tokens=20)
+    assert [[s.num_tokens for s in mb] for mb in alone] == [[30], [4]]
+
+
+def test_plan_balances_tokens_and_gives_every_rank_as_many_micro_batches():
+    # 7 trajectories of 4..10 tokens, 2 ranks, budget 16. Longest first to the lighter rank:
+    #   10 -> r0 (10), 9 -> r1 (9), 8 -> r1 (17), 7 -> r0 (17), 6 -> r0 (23), 5 -> r1 (22),
+    #   4 -> r1 (26)
+    # r0 [10, 7, 6]: [10] (2 x 10 > 16), [7, 6] (2 x 7 = 14)       -> 2 micro-batches
+    # r1 [9, 8, 5, 4]: [9] (2 x 9 > 16), [8, 5] (16), [4]          -> 3 micro-batches
+    # so r0 gets one empty micro-batch: both ranks run 3 backward passes.
+    samples = [_sample(n) for n in range(4, 11)]
+    plan, tokens = plan_update(
+        samples, num_mini_batches=1, world=2, max_tokens_per_micro_batch=16, seed_key=(0, 0)
+    )
+    sizes = [[[s.num_tokens for s in mb] for mb in rank[0]] for rank in plan]
+    assert sizes == [[[10], [7, 6], []], [[9], [8, 5], [4]]]
+    assert tokens == [sum(n - 3 for n in range(4, 11))]  # model tokens: all but the 3-token prompt
+    again, _ = plan_update(samples, 2, 1, 16, (0, 3))
+    twice, _ = plan_update(samples, 2, 1, 16, (0, 3))
     assert [[[id(s) for s in mb] for mb in mini] for mini in again[0]] == [
         [[id(s) for s in mb] for mb in mini] for mini in twice[0]
     ]
-
-
-def test_accumulation_fits_the_largest_batch():
-    recipe = load_recipe(REPO / "recipes/tiny/rl.yaml", RlRecipe)
-    assert accumulation_steps(32, recipe.train, 1) == 2  # 32 kept / micro 16
-    assert accumulation_steps(32, recipe.train, 2) == 1
+    assert sorted(s.num_tokens for mini in again[0] for mb in mini for s in mb) == list(
+        range(4, 11)
+    )
 
 
 def _record(pid: str, sample: int, reward: float, statuses: list[str]) -> dict:

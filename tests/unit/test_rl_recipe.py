@@ -94,6 +94,13 @@ def test_cross_section_checks_are_listed_together(tmp_path):
     assert "checkpoint.keep_last" in msg
 
 
+def test_a_micro_batch_must_hold_the_longest_trajectory(tmp_path):
+    data = _tiny()
+    data["train"]["max_tokens_per_micro_batch"] = 800  # tiny: 512 prompt + 384 response = 896
+    with pytest.raises(UserError, match=r"max_tokens_per_micro_batch \(800\) cannot hold"):
+        load_recipe(_write(tmp_path, data), RlRecipe)
+
+
 def test_roc_must_sample_what_it_keeps(tmp_path):
     data = _tiny()
     data["rollout"]["num_samples_per_prompt"] = 2  # RoC keeps 4 of 2

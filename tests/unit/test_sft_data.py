@@ -336,10 +336,11 @@ def test_packed_loss_equals_unpacked_loss(tiny_model_dir):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from rstar2cli.lm_scoring import ScoringLM
     from rstar2cli.sft.packing import collate, forward_loss_sum
 
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
-    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    model = ScoringLM(AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32))
     rows = [
         {"question": f"Compute {a}*{a + 2}-{a % 7 + 1}.", "answer": str(a * (a + 2) - (a % 7 + 1))}
         for a in range(20, 26)
