@@ -47,7 +47,6 @@ RL_SETS = [
     "train.num_trainer_ranks=1",
     "train.num_steps=2",
     "train.zero_stage=0",
-    "train.micro_batch_size=4",
     "reward.num_workers=1",
     "checkpoint.every_steps=1",
     "eval.every_steps=0",
