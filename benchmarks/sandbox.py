@@ -29,8 +29,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from sandboxd.client import SandboxClient  # noqa: E402
-from sandboxd.protocol import Job  # noqa: E402
 from sandboxd.server import spawn_daemon  # noqa: E402
+from sandboxd.wire import Job  # noqa: E402
 
 SNIPPETS = {
     "trivial": "print(2**100)",

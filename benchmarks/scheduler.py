@@ -138,7 +138,7 @@ class ScriptedTrajectory:
         return self.finish("answer")
 
     def tool_job(self):
-        from sandboxd.protocol import Job
+        from sandboxd.wire import Job
 
         return Job(
             code=f"import time\ntime.sleep({self.tool_s[self.turn]:.3f})\nprint({self.turn} * 7)"
@@ -174,7 +174,7 @@ async def _warm_up(engines, sandbox, items, tok) -> None:
     measured pays no start-up cost the later ones skip."""
     from rstar2cli.agent.loop import prompt_ids_for
     from rstar2cli.scheduler.engines import SamplingSpec
-    from sandboxd.protocol import Job
+    from sandboxd.wire import Job
 
     await sandbox.run_batch([Job("print(1)"), Job("print(2)")])
     prompts = {i["question"]: prompt_ids_for(i["question"], tok) for i in items}

@@ -26,7 +26,7 @@ from typing import Any
 
 import aiohttp
 
-from sandboxd.protocol import Job, JobResult, ProtocolError, result_from_wire, sandbox_error
+from sandboxd.wire import Job, JobResult, ProtocolError, result_from_wire, sandbox_error
 
 _COOLDOWN_S = 2.0
 

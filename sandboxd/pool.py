@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from sandboxd.isolation import MAX_SLOTS
-from sandboxd.protocol import STATUSES, Job, JobResult, result_from_wire, sandbox_error
+from sandboxd.wire import STATUSES, Job, JobResult, result_from_wire, sandbox_error
 from sandboxd.zygote import DEFAULT_PRELOAD
 
 LATENCY_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)

@@ -34,9 +34,9 @@ from typing import Any
 
 from aiohttp import web
 
-from sandboxd import protocol
+from sandboxd import wire
 from sandboxd.pool import LATENCY_BUCKETS_S, Pool, PoolConfig, QueueFull
-from sandboxd.protocol import Job, JobResult, ProtocolError
+from sandboxd.wire import Job, JobResult, ProtocolError
 
 READY_PREFIX = "sandboxd listening on "
 _MAX_BODY_BYTES = 512 * 2**20
@@ -81,12 +81,12 @@ class _Service:
                 return web.json_response({"error": busy}, status=503)
             return web.json_response({"results": [r.to_wire() for r in results]})
 
-        return await self._native(request, lambda b: (protocol.jobs_from_batch(b), None), render)
+        return await self._native(request, lambda b: (wire.jobs_from_batch(b), None), render)
 
     async def stream(self, request: web.Request) -> web.StreamResponse:
         body = await self._body(request)
         try:
-            jobs = protocol.jobs_from_batch(body)
+            jobs = wire.jobs_from_batch(body)
         except ProtocolError as exc:
             return web.json_response({"error": str(exc)}, status=400)
         try:
@@ -116,42 +116,40 @@ class _Service:
         def render(results: list[JobResult] | None, _extra: Any, busy: str | None) -> web.Response:
             if results is None:  # SandboxFusion clients retry on non-200
                 return web.json_response({"status": "SandboxError", "message": busy}, status=503)
-            return web.json_response(protocol.result_to_fusion(results[0]))
+            return web.json_response(wire.result_to_fusion(results[0]))
 
-        return await self._native(request, lambda b: ([protocol.job_from_fusion(b)], None), render)
+        return await self._native(request, lambda b: ([wire.job_from_fusion(b)], None), render)
 
     async def ping(self, _request: web.Request) -> web.Response:
         return web.json_response("pong")
 
     async def cj_run(self, request: web.Request) -> web.Response:
         def parse(body: Any) -> tuple[list[Job], Any]:
-            job, meta = protocol.job_from_code_judge(body)
+            job, meta = wire.job_from_code_judge(body)
             return [job], meta
 
         def render(results: list[JobResult] | None, meta: Any, busy: str | None) -> web.Response:
             if results is None:
-                busy_result = protocol.sandbox_error(busy or "busy")
+                busy_result = wire.sandbox_error(busy or "busy")
                 return web.json_response(
-                    protocol.result_to_code_judge(busy_result, meta, "queue_timeout"), status=503
+                    wire.result_to_code_judge(busy_result, meta, "queue_timeout"), status=503
                 )
-            return web.json_response(protocol.result_to_code_judge(results[0], meta))
+            return web.json_response(wire.result_to_code_judge(results[0], meta))
 
         return await self._native(request, parse, render)
 
     async def cj_batch(self, request: web.Request) -> web.Response:
         def parse(body: Any) -> tuple[list[Job], Any]:
-            jobs, metas, sub_id = protocol.code_judge_batch(body)
+            jobs, metas, sub_id = wire.code_judge_batch(body)
             return jobs, (metas, sub_id)
 
         def render(results: list[JobResult] | None, extra: Any, busy: str | None) -> web.Response:
             metas, sub_id = extra
             if results is None:
-                busy_result = protocol.sandbox_error(busy or "busy")
-                out = [
-                    protocol.result_to_code_judge(busy_result, m, "queue_timeout") for m in metas
-                ]
+                busy_result = wire.sandbox_error(busy or "busy")
+                out = [wire.result_to_code_judge(busy_result, m, "queue_timeout") for m in metas]
                 return web.json_response({"sub_id": sub_id, "results": out}, status=503)
-            out = [protocol.result_to_code_judge(r, m) for r, m in zip(results, metas, strict=True)]
+            out = [wire.result_to_code_judge(r, m) for r, m in zip(results, metas, strict=True)]
             return web.json_response({"sub_id": sub_id, "results": out})
 
         return await self._native(request, parse, render)
@@ -176,7 +174,7 @@ def _put_indexed(queue: asyncio.Queue, index: int, fut: asyncio.Future[JobResult
 
 def _wire(fut: asyncio.Future[JobResult]) -> dict[str, Any]:
     if fut.cancelled() or fut.exception() is not None:
-        return protocol.sandbox_error(f"the job was lost: {fut}").to_wire()
+        return wire.sandbox_error(f"the job was lost: {fut}").to_wire()
     return fut.result().to_wire()
 
 

@@ -1,8 +1,11 @@
-"""Shared fixtures: the tiny model (built once per session, never downloaded) and repo paths."""
+"""Shared fixtures: the tiny model (built once per session, never downloaded), repo paths, and a
+real sandbox daemon on 127.0.0.1 per module (`daemon`, for tests/sandboxd; one per module keeps
+that suite fast on two cores; tests that need special settings start their own)."""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -70,3 +73,19 @@ def _hf_greedy(model, prompt: list[int], max_new_tokens: int) -> list[int]:
 def hf_greedy():
     """transformers' own greedy continuation: the reference the engines are checked against."""
     return _hf_greedy
+
+
+@pytest.fixture(scope="module")
+def daemon() -> Iterator:
+    from sbhelpers import SECRET  # tests/sandboxd
+
+    from sandboxd.server import spawn_daemon
+
+    env = dict(os.environ, SANDBOXD_TEST_SECRET=SECRET)
+    handle = spawn_daemon(
+        workers=2, timeout_s=5.0, memory_mb=256, max_output_bytes=200_000, env=env
+    )
+    try:
+        yield handle
+    finally:
+        handle.stop()

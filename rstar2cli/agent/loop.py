@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from rstar2cli import protocol as P
-from sandboxd.protocol import Job, JobResult
+from sandboxd.wire import Job, JobResult
 
 FINISH_REASONS = ("answer", "no_answer", "max_turns", "budget", "engine_error")
 # Seconds one tool call may run (the paper does not say; the sandbox kills it after this).

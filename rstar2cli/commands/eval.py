@@ -278,7 +278,7 @@ def _run(console, plan, items, owner, label, sched, fit) -> None:
 
 
 def _report(console: Any, out: Path, label: str, settings: dict, ks: list[int]) -> None:
-    from rstar2cli.eval import report as R
+    from rstar2cli.eval import eval_report as R
     from rstar2cli.eval.results import check_answer_pairs
     from rstar2cli.fileio import read_jsonl_if_exists, write_json_atomic
 

@@ -1,6 +1,6 @@
 """`rstar2 prepare-data`: a HF dataset id or a local jsonl/json/parquet -> a normalised parquet.
 
-Reads the rows, hands them to `rstar2cli.data.normalize` (schema detection, answer extraction,
+Reads the rows, hands them to `rstar2cli.data.dataset_normalize` (schema detection, answer extraction,
 integer-only, dedupe, 8-gram decontamination), writes `id, question, answer, source, meta` and
 every unusable row, with its reason, to a rejects jsonl: both atomically and only when the run
 succeeds (a failed run writes nothing). `--synthetic NAME` writes a generated task set
@@ -78,7 +78,7 @@ def prepare_data(
     """Normalise a math dataset (or generate a synthetic one) into a parquet of problems."""
     from rich.console import Console
 
-    from rstar2cli.data.normalize import NormalizeOptions
+    from rstar2cli.data.dataset_normalize import NormalizeOptions
 
     console = Console(highlight=False)
     if (source is None) == (synthetic is None):
@@ -113,7 +113,7 @@ def _prepare_source(
     rejects_path: Path,
     options: Any,
 ) -> None:
-    from rstar2cli.data import normalize
+    from rstar2cli.data import dataset_normalize as normalize
     from rstar2cli.fileio import write_jsonl_atomic
 
     rows, bad_lines, source_name = _load_source(source, config, split)
@@ -161,7 +161,7 @@ def _is_local(source: str) -> bool:
 
 def _eval_grams(sets: list[str]) -> set[tuple[str, ...]]:
     """8-grams of the eval questions: each set a local file or a benchmark `rstar2 eval` knows."""
-    from rstar2cli.data import normalize
+    from rstar2cli.data import dataset_normalize as normalize
     from rstar2cli.eval.benchmarks import BENCHMARKS, load_benchmark
     from rstar2cli.fileio import read_records
 
@@ -179,7 +179,7 @@ def _eval_grams(sets: list[str]) -> set[tuple[str, ...]]:
 
 
 def _normalize_with_progress(console: Any, rows: list[dict], source_name: str, options: Any) -> Any:
-    from rstar2cli.data import normalize
+    from rstar2cli.data import dataset_normalize as normalize
     from rstar2cli.ui import progress_bar
 
     with progress_bar("normalising", console=console, elapsed=False, transient=True) as progress:
@@ -192,7 +192,7 @@ def _normalize_with_progress(console: Any, rows: list[dict], source_name: str, o
 def _print_summary(console: Any, source: str, num_read: int, num_kept: int, rejects: list) -> None:
     from rich.table import Table
 
-    from rstar2cli.data.normalize import REJECT_REASONS
+    from rstar2cli.data.dataset_normalize import REJECT_REASONS
 
     console.print(f"prepare-data: {source}")
     table = Table()

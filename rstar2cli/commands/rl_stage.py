@@ -24,7 +24,7 @@ import typer
 from rstar2cli.errors import UserError
 
 if TYPE_CHECKING:
-    from rstar2cli.rl.recipe import RlRecipe
+    from rstar2cli.rl.stage_recipe import RlRecipe
 
 
 def rl_stage(
@@ -65,7 +65,7 @@ def rl_stage(
 
     from rstar2cli.fileio import check_output_path
     from rstar2cli.recipe import check_resume, dump_recipe, load_recipe
-    from rstar2cli.rl.recipe import RlRecipe
+    from rstar2cli.rl.stage_recipe import RlRecipe
 
     console = Console(highlight=False, stderr=True)
     resolved = load_recipe(recipe, RlRecipe, list(sets or []))

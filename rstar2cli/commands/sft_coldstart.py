@@ -21,7 +21,7 @@ import typer
 from rstar2cli.errors import UserError
 
 if TYPE_CHECKING:
-    from rstar2cli.sft.recipe import SftRecipe
+    from rstar2cli.sft.coldstart_recipe import SftRecipe
 
 
 def sft_coldstart(
@@ -49,8 +49,8 @@ def sft_coldstart(
 
     from rstar2cli.fileio import check_output_path
     from rstar2cli.recipe import RUN_FILES, check_resume, dump_recipe, load_recipe
+    from rstar2cli.sft.coldstart_recipe import SftRecipe
     from rstar2cli.sft.data import check_sources
-    from rstar2cli.sft.recipe import SftRecipe
 
     console = Console(highlight=False, stderr=True)
     resolved = load_recipe(recipe, SftRecipe, list(sets or []))

@@ -39,7 +39,7 @@ class TinySize:
 
 
 # "tiny": ~0.4M params, the CPU default. "small": for GPU checks of the engines with a bigger model.
-# "100m": ~102M params (408 MB in fp32), the weight-sync benchmark's (benchmarks/weight_sync.py).
+# "100m": ~102M params (408 MB in fp32), the weight-sync benchmark's (benchmarks/weight_sync_speed.py).
 SIZES = {
     "tiny": TinySize(
         hidden_size=128, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=256

@@ -3,7 +3,7 @@
 `load_benchmark(name)` loads a known set with `datasets.load_dataset` (imported inside the
 function; the hub cache and HF_TOKEN apply as usual) and `load_local(path)` reads a local
 jsonl/json/parquet file. Both go through the same normaliser as `prepare-data`
-(`rstar2cli.data.normalize`, no filtering, no dedupe), so any schema `prepare-data` reads works and
+(`rstar2cli.data.dataset_normalize`, no filtering, no dedupe), so any schema `prepare-data` reads works and
 problems come out as `{"id", "question", "answer"}` with ids `{name}-{row index}` (stable while the
 file is unchanged, which is what resuming relies on).
 
@@ -104,7 +104,7 @@ def normalize_problems(
     answer_field: str | None = None,
 ) -> Benchmark:
     """Rows -> problems through the `prepare-data` normaliser; no usable row -> UserError."""
-    from rstar2cli.data.normalize import NormalizeOptions, normalize_records
+    from rstar2cli.data.dataset_normalize import NormalizeOptions, normalize_records
 
     options = NormalizeOptions(
         question_field=question_field, answer_field=answer_field, integer_only=False, dedupe=False

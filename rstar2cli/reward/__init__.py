@@ -4,6 +4,7 @@ See grader.py (batch API, worker processes), normalize.py (fast exact path) and 
 (`rstar2 eval --grade-only`).
 """
 
+from rstar2cli.reward.answer_normalize import fast_equivalent, normalize_answer
 from rstar2cli.reward.grader import (
     GRADE_STATUSES,
     TRUNCATED_FINISH_REASONS,
@@ -12,7 +13,6 @@ from rstar2cli.reward.grader import (
     is_equivalent,
     reference_answer,
 )
-from rstar2cli.reward.normalize import fast_equivalent, normalize_answer
 
 __all__ = [
     "GRADE_STATUSES",

@@ -13,7 +13,7 @@ equals the reference under a rule-based verifier, else 0; truncated responses ge
   once. Works from any thread (no alarms in the caller), one batch at a time per `Grader`.
 
 What it does not do: answer extraction rules (those live in `rstar2cli.protocol`), format
-rewards, or partial credit. Tested in tests/unit/test_grader.py; benchmarks/grader.py measures it
+rewards, or partial credit. Tested in tests/unit/test_grader.py; benchmarks/grading.py measures it
 against plain math-verify.
 """
 
@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 
 from rstar2cli.protocol import extract_answer, last_boxed
-from rstar2cli.reward.normalize import fast_equivalent, normalize_answer
+from rstar2cli.reward.answer_normalize import fast_equivalent, normalize_answer
 
 GRADE_STATUSES = ("ok", "no_answer", "timeout", "crash", "truncated")
 # NOTE: "budget" = the response-token budget ran out mid-answer; "max_turns" = cut off while still

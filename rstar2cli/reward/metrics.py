@@ -98,7 +98,7 @@ def maj_at_k(
 
 
 def tool_error_rates(statuses: Iterable[str]) -> dict[str, float]:
-    """Fraction of all tool calls per non-"ok" status (the tool statuses: `sandboxd.protocol.STATUSES` and the agent loop's parse_error)."""
+    """Fraction of all tool calls per non-"ok" status (the tool statuses: `sandboxd.wire.STATUSES` and the agent loop's parse_error)."""
     counts = Counter(statuses)
     total = sum(counts.values())
     if not total:

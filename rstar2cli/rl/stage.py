@@ -32,7 +32,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rstar2cli.errors import UserError
-from rstar2cli.rl.recipe import RlRecipe
 from rstar2cli.rl.roc import (
     RolloutSummary,
     drop_equal_reward_groups,
@@ -40,6 +39,7 @@ from rstar2cli.rl.roc import (
     roc_downsample,
     tool_error_share,
 )
+from rstar2cli.rl.stage_recipe import RlRecipe
 from rstar2cli.rl.trainer import TrainSample, UpdateSums
 from rstar2cli.rollout_job import Interrupted, StopSignals, seed_base
 from rstar2cli.scheduler.placement import absolute_path
@@ -361,7 +361,7 @@ class StageRun:
         )
 
     def _reporter(self, start: int) -> Any:
-        from rstar2cli.rl.report import StageReporter
+        from rstar2cli.rl.stage_report import StageReporter
 
         return StageReporter(
             self.opts.out,
@@ -508,7 +508,7 @@ class StageRun:
 
     def _plot(self) -> None:
         from rstar2cli.fileio import read_jsonl_if_exists
-        from rstar2cli.rl.report import plot_metrics
+        from rstar2cli.rl.stage_report import plot_metrics
 
         if self.recipe.log.plots:
             rows = read_jsonl_if_exists(self.opts.out / "metrics.jsonl")

@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, Any
 
 from rstar2cli import protocol as P
 from rstar2cli.rl.loss import ppo_clip_loss
-from rstar2cli.rl.recipe import RlTrainConfig
+from rstar2cli.rl.stage_recipe import RlTrainConfig
 
 if TYPE_CHECKING:
     from rstar2cli.scheduler.weight_sync import SyncPlan

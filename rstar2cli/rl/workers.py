@@ -28,7 +28,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Protocol
 
-from rstar2cli.rl.recipe import RlTrainConfig
+from rstar2cli.rl.stage_recipe import RlTrainConfig
 from rstar2cli.rl.trainer import PolicyTrainer, RankPlan, UpdateSums
 from rstar2cli.scheduler.weight_sync import GroupAddress, SyncPlan, free_port, open_group
 

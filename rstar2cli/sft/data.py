@@ -25,8 +25,8 @@ from typing import Any
 
 from rstar2cli import protocol as P
 from rstar2cli.errors import UserError
+from rstar2cli.sft.coldstart_recipe import DataConfig, DataSource
 from rstar2cli.sft.convert import Call, Chat, ConvertError, Message, convert_record
-from rstar2cli.sft.recipe import DataConfig, DataSource
 
 __all__ = [
     "Call",

@@ -33,7 +33,7 @@ from typing import Any
 
 from rstar2cli import protocol as P
 from rstar2cli.errors import UserError
-from rstar2cli.sft.recipe import SftRecipe, check_world_size
+from rstar2cli.sft.coldstart_recipe import SftRecipe, check_world_size
 from rstar2cli.train_utils import batch_indices, prune_checkpoints, rng_state, set_rng_state
 
 

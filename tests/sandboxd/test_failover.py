@@ -8,8 +8,8 @@ import asyncio
 import pytest
 
 from sandboxd.client import SandboxClient, SandboxUnreachable
-from sandboxd.protocol import Job
 from sandboxd.server import spawn_daemon
+from sandboxd.wire import Job
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["batch", "stream"])

@@ -7,7 +7,7 @@ import os
 import signal
 
 from sandboxd.pool import LocalSandbox, Pool, PoolConfig
-from sandboxd.protocol import Job
+from sandboxd.wire import Job
 
 
 def test_local_sandbox_runs_batches_in_order():

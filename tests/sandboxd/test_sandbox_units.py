@@ -6,8 +6,9 @@ import struct
 
 import pytest
 
-from sandboxd import isolation, protocol
-from sandboxd.protocol import Job, JobResult, ProtocolError
+from sandboxd import isolation
+from sandboxd import wire as sbwire
+from sandboxd.wire import Job, JobResult, ProtocolError
 
 
 def _decode(program: bytes) -> list[tuple[int, int, int, int]]:
@@ -31,13 +32,11 @@ def test_seccomp_program_shape():
 
 
 def test_job_validation():
-    assert protocol.jobs_from_batch({"jobs": [{"code": "1", "timeout_s": 2}]}) == [
-        Job("1", "", 2.0)
-    ]
+    assert sbwire.jobs_from_batch({"jobs": [{"code": "1", "timeout_s": 2}]}) == [Job("1", "", 2.0)]
     with pytest.raises(ProtocolError, match="jobs\\[0\\]: missing field 'code'"):
-        protocol.jobs_from_batch({"jobs": [{}]})
+        sbwire.jobs_from_batch({"jobs": [{}]})
     with pytest.raises(ProtocolError, match="positive"):
-        protocol.job_from_wire({"code": "1", "timeout_s": True})
+        sbwire.job_from_wire({"code": "1", "timeout_s": True})
 
 
 @pytest.mark.parametrize(
@@ -51,7 +50,7 @@ def test_job_validation():
     ],
 )
 def test_fusion_mapping(status, exit_code, fusion_status, run_status):
-    wire = protocol.result_to_fusion(JobResult(status, "o", "e", exit_code, 0.1))
+    wire = sbwire.result_to_fusion(JobResult(status, "o", "e", exit_code, 0.1))
     assert wire["status"] == fusion_status and wire["run_result"]["status"] == run_status
     assert set(wire) == {
         "status",
@@ -64,7 +63,7 @@ def test_fusion_mapping(status, exit_code, fusion_status, run_status):
 
 
 def test_fusion_sandbox_error_has_no_run_result():
-    wire = protocol.result_to_fusion(protocol.sandbox_error("down"))
+    wire = sbwire.result_to_fusion(sbwire.sandbox_error("down"))
     assert (
         wire["status"] == "SandboxError"
         and wire["run_result"] is None
@@ -73,11 +72,11 @@ def test_fusion_sandbox_error_has_no_run_result():
 
 
 def test_code_judge_mapping_compares_stripped_output():
-    job, meta = protocol.job_from_code_judge(
+    job, meta = sbwire.job_from_code_judge(
         {"type": "python", "solution": "print(9)", "expected_output": "9\n\n"}
     )
     assert job == Job("print(9)", "")
-    wire = protocol.result_to_code_judge(JobResult("ok", "9\n", "", 0, 0.01), meta)
+    wire = sbwire.result_to_code_judge(JobResult("ok", "9\n", "", 0, 0.01), meta)
     assert wire["success"] and wire["run_success"] and wire["reason"] == ""
-    timeout = protocol.result_to_code_judge(JobResult("timeout", "", "", None, 2.0), meta)
+    timeout = sbwire.result_to_code_judge(JobResult("timeout", "", "", None, 2.0), meta)
     assert timeout["reason"] == "worker_timeout" and not timeout["run_success"]

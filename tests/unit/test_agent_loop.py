@@ -168,7 +168,7 @@ def test_a_turn_cut_by_the_step_continues_as_the_same_turn(tok):
 
 
 def test_tool_batcher_coalesces_calls_made_in_one_tick():
-    from sandboxd.protocol import Job
+    from sandboxd.wire import Job
 
     async def go():
         async with LocalSandbox(num_workers=2, timeout_s=5.0) as sandbox:

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from rstar2cli.reward import Grader, fast_equivalent, is_equivalent, reference_answer
-from rstar2cli.reward.normalize import answer_key, as_number, normalize_answer
+from rstar2cli.reward.answer_normalize import answer_key, as_number, normalize_answer
 
 EVAL_DIR = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "eval"
 HANG = "9^{9^{9^{9}}}"  # sympy evaluates the tower eagerly: minutes of CPU, never returns in time

@@ -1,4 +1,4 @@
-"""Schema detection, answer extraction and the filters of rstar2cli.data.normalize."""
+"""Schema detection, answer extraction and the filters of rstar2cli.data.dataset_normalize."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from rstar2cli.data import normalize as nz
+from rstar2cli.data import dataset_normalize as nz
 
 
 def _run(rows, **kw):

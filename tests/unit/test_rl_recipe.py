@@ -9,7 +9,7 @@ import yaml
 
 from rstar2cli.errors import UserError
 from rstar2cli.recipe import load_recipe
-from rstar2cli.rl.recipe import RlRecipe, kept_per_problem
+from rstar2cli.rl.stage_recipe import RlRecipe, kept_per_problem
 
 REPO = Path(__file__).resolve().parents[2]
 RL_RECIPES = [

@@ -8,9 +8,9 @@ import random
 import pytest
 
 from rstar2cli import protocol as P
+from rstar2cli.sft.coldstart_recipe import DataConfig
 from rstar2cli.sft.convert import ConvertError, convert_record
 from rstar2cli.sft.data import build_examples, render_chat, tokenize_chat
-from rstar2cli.sft.recipe import DataConfig
 from rstar2cli.sft.synthetic_transcripts import (
     expression_of,
     make_transcript,

@@ -12,7 +12,7 @@ import yaml
 
 from rstar2cli.errors import UserError
 from rstar2cli.recipe import load_recipe
-from rstar2cli.sft.recipe import SftRecipe, check_world_size, gradient_accumulation_steps
+from rstar2cli.sft.coldstart_recipe import SftRecipe, check_world_size, gradient_accumulation_steps
 from rstar2cli.sft.train import batch_indices, cosine_factor
 
 REPO = Path(__file__).resolve().parents[2]

@@ -92,7 +92,7 @@ def test_bad_num(num):
 
 
 def test_committed_arith_set_matches_generator():
-    """data/arith*.parquet are what data/README.md says: `--synthetic arith --num 2000 --seed 0`."""
+    """data/arith*.parquet are what data/PROVENANCE.md says: `--synthetic arith --num 2000 --seed 0`."""
     data_dir = Path(__file__).resolve().parents[2] / "data"
     if not (data_dir / "arith.parquet").is_file():
         pytest.skip(f"no generated set in {data_dir}")

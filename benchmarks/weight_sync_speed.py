@@ -17,7 +17,7 @@ every 2 ms). Setting up the broadcast group is timed apart (once per run in rl-s
 Beside the measurement, a PROJECTION (not a measurement) of one sync at 14B on 32 engines from
 stated link and disk rates (`project_14b`): what each path moves and through where.
 
-    python benchmarks/weight_sync.py --json weight_sync.json      # ~5 min on 2 cores, ~8 GB RAM
+    python benchmarks/weight_sync_speed.py --json weight_sync.json      # ~5 min on 2 cores, ~8 GB RAM
 """
 
 from __future__ import annotations
@@ -163,7 +163,7 @@ def main() -> None:
     from transformers import AutoConfig
 
     from rstar2cli.data.tiny import build_tiny_model_dir
-    from rstar2cli.rl.recipe import RlTrainConfig
+    from rstar2cli.rl.stage_recipe import RlTrainConfig
     from rstar2cli.rl.workers import RayTrainers
     from rstar2cli.scheduler.engines import make_engines
 

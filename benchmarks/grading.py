@@ -11,7 +11,7 @@ Baseline: math-verify as its README shows it, in the main thread, one pair after
 on the whole list, workers already started (start-up is printed separately).
 
 Prints throughput (checks/s) with the ratio, and agreement with math-verify per kind of pair.
-Run: `.venv/bin/python benchmarks/grader.py [--num-pairs 5000] [--seed 0]`.
+Run: `.venv/bin/python benchmarks/grading.py [--num-pairs 5000] [--seed 0]`.
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ def load_references() -> dict[str, list[str]]:
 
 def rewritings(ref: str) -> list[str]:
     """Equivalent spellings of a reference (only ones that keep its value)."""
-    from rstar2cli.reward.normalize import answer_key, as_number, normalize_answer
+    from rstar2cli.reward.answer_normalize import answer_key, as_number, normalize_answer
 
     forms = [f"${ref}$", ref + "."]
     value = as_number(answer_key(normalize_answer(ref)))
@@ -73,7 +73,7 @@ def rewritings(ref: str) -> list[str]:
 
 
 def wrong_answer(ref: str, others: list[str], rng: random.Random) -> str:
-    from rstar2cli.reward.normalize import answer_key, as_number, normalize_answer
+    from rstar2cli.reward.answer_normalize import answer_key, as_number, normalize_answer
 
     value = as_number(answer_key(normalize_answer(ref)))
     if isinstance(value, Fraction) and rng.random() < 0.7:
