@@ -10,8 +10,6 @@ import pytest
 
 from rstar2cli.scheduler.engines import Engine, SamplingSpec, make_engines
 
-pytestmark = pytest.mark.integration
-
 
 @pytest.fixture(scope="module")
 def local_ray():

@@ -32,8 +32,6 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.integration
-
 REPO = Path(__file__).resolve().parents[2]
 PROBLEMS = [
     {"id": "p0", "question": "Compute 12*7+5.", "answer": "89"},

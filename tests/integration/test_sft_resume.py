@@ -11,10 +11,7 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
 import yaml
-
-pytestmark = pytest.mark.integration
 
 NUM_STEPS = 6
 

@@ -22,8 +22,6 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.integration
-
 TOLERANCE = 1.0e-3
 NUM_STEPS = 2
 

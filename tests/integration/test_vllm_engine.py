@@ -11,8 +11,6 @@ import pytest
 
 from rstar2cli.scheduler.engines import METRIC_KEYS, SamplingSpec, make_engines
 
-pytestmark = pytest.mark.integration
-
 KV_CACHE_TOKENS = 2048
 MAX_MODEL_LEN = 1024
 
@@ -215,8 +213,10 @@ class ModuleTrainers:
 
         return ws.send_module(self.module, self.group, plan, zero3=False, device="cpu")
 
-    def named_weights(self):
-        return {k: v.detach().clone() for k, v in self.module.state_dict().items()}
+    def weight_buckets(self):
+        from rstar2cli.train_utils import weight_buckets
+
+        return weight_buckets(self.module, zero3=False, is_rank0=True)
 
 
 def test_broadcast_sync_and_colocated_phases(engines, loop, prompts, tiny_model_dir, hf_greedy):
