@@ -234,6 +234,8 @@ def run(recipe: SftRecipe, out: Path) -> Path:
     engine = _build_engine(recipe, model_path, num_steps, world, bf16)
     ckpt_dir = out / "checkpoints"
     start = _resume(engine, ckpt_dir)
+    if start and rank == 0:
+        print(f"sft-coldstart: resuming from step {start} (checkpoint in {ckpt_dir})")
     reporter = Reporter(out, recipe, start, num_steps, len(examples), enabled=rank == 0)
     with reporter:
         for step in range(start, num_steps):
@@ -258,4 +260,8 @@ def run(recipe: SftRecipe, out: Path) -> Path:
                 _save(engine, ckpt_dir, step + 1, recipe.checkpoint.keep_last, rank)
     final = save_final(engine, tok, out, recipe, rank)
     dist.barrier()
+    # NOTE: a process group left to interpreter exit can abort the rank ("terminate called
+    # without an active exception": gloo's threads outlive it), which a launcher reports as a
+    # failed run
+    dist.destroy_process_group()
     return final
