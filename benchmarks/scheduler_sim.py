@@ -43,6 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from rstar2cli.scheduler.scheduler import Scheduler, SchedulerConfig, Status  # noqa: E402
 
 MAX_MACRO_STEPS = 32
+SNAP_K = 1
 
 
 @dataclass
@@ -114,6 +115,7 @@ class SimTraj:
     turns: list[int]  # model tokens per turn
     chunks: list[int]  # tool-response tokens after each turn but the last
     tool_s: list[float]
+    group: int | None = None  # its prompt: the samples of one prompt share its difficulty
     turn: int = 0
     turn_left: int = 0
     response_tokens: int = 0
@@ -128,7 +130,7 @@ def make_workload(
     """Heavy-tailed multi-turn rollouts; samples of one prompt share its difficulty."""
     rng = random.Random(seed)
     out = []
-    for _ in range(num_prompts):
+    for group in range(num_prompts):
         prompt = rng.randint(200, 600)
         difficulty = rng.lognormvariate(math.log(1500), 0.6)
         for _ in range(num_samples):
@@ -143,7 +145,7 @@ def make_workload(
                 min(30.0, rng.lognormvariate(math.log(0.3) - 0.5, 1.0))
                 for _ in range(num_turns - 1)
             ]
-            out.append(SimTraj(prompt, turns, chunks, tool_s))
+            out.append(SimTraj(prompt, turns, chunks, tool_s, group))
     return out
 
 
@@ -242,6 +244,10 @@ class SimResult:
     last_start_s: float  # when the trajectory that finished last was first dispatched
     last_own_s: float  # that trajectory's own minimal time (`own_min_s`)
     engine_end_s: list[float]  # when each engine's last step ended, sorted
+    # Spearman rank correlation of predicted and true response lengths, over the samples of each
+    # group still unfinished when its first sample finished (predicted then: `num_predicted`)
+    length_spearman: float | None
+    num_predicted: int
 
     @property
     def idle_fraction(self) -> float:
@@ -262,18 +268,32 @@ def simulate(
     max_num_seqs: int = 256,
 ) -> SimResult:
     trajs = [
-        SimTraj(t.prompt_tokens, list(t.turns), list(t.chunks), list(t.tool_s)) for t in workload
+        SimTraj(t.prompt_tokens, list(t.turns), list(t.chunks), list(t.tool_s), t.group)
+        for t in workload
     ]
     now = [0.0]
     sched = Scheduler([capacity_tokens] * num_engines, config, clock=lambda: now[0])
     engines = [SimEngine(i, capacity_tokens, max_num_seqs) for i in range(num_engines)]
     ctx = [t.prompt_tokens for t in trajs]
     for key, t in enumerate(trajs):
-        sched.add(key, t.prompt_tokens, max_response)
+        sched.add(key, t.prompt_tokens, max_response, t.group)
     events: list = []
     seq = [0]
     start_s: dict[int, float] = {}
     finish_s: dict[int, float] = {}
+    members: dict[object, list[int]] = {}
+    for key, t in enumerate(trajs):
+        members.setdefault(t.group, []).append(key)
+    predicted: dict[int, float] = {}  # the rest of a group, when its first sample finished
+
+    def finished(key: int) -> None:
+        finish_s[key] = now[0]
+        siblings = members[trajs[key].group]
+        if trajs[key].group is None or sum(1 for k in siblings if k in finish_s) != SNAP_K:
+            return
+        for k in siblings:
+            if k not in finish_s:
+                predicted[k] = sched.lengths.predict(k, max_response) or 0.0
 
     def push(t: float, kind: str, payload: object) -> None:
         heapq.heappush(events, (t, seq[0], kind, payload))
@@ -350,7 +370,7 @@ def simulate(
         else:
             sched.on_generated(key, ctx[key], Status.DONE)
         if sched.slots[key].status is Status.DONE:
-            finish_s[key] = now[0]
+            finished(key)
 
     def tool_done(key: int) -> None:
         t = trajs[key]
@@ -359,7 +379,7 @@ def simulate(
         t.turn_left = t.turns[t.turn]
         if t.response_tokens + chunk >= max_response:
             sched.finish(key)
-            finish_s[key] = now[0]
+            finished(key)
             return
         ctx[key] += chunk
         t.response_tokens += chunk
@@ -394,6 +414,8 @@ def simulate(
     makespan = now[0]
     mean_kv = sum(e.kv_token_s for e in engines) / (makespan * num_engines * capacity_tokens)
     last = max(finish_s, key=finish_s.get)
+    response = {k: ctx[k] - trajs[k].prompt_tokens for k in predicted}
+    spearman = spearman_rank([predicted[k] for k in predicted], [response[k] for k in predicted])
     busy, batch = _profile(engines, makespan)
     return SimResult(
         policy=config.policy if config.policy != "kv" else f"kv-{config.kv_mode}",
@@ -411,8 +433,37 @@ def simulate(
         batch_by_tenth=batch,
         last_start_s=start_s[last],
         last_own_s=own_min_s(workload[last], max_response, cost),
+        length_spearman=spearman,
+        num_predicted=len(predicted),
         engine_end_s=sorted(e.steps[-1][0] + e.steps[-1][1] if e.steps else 0.0 for e in engines),
     )
+
+
+def spearman_rank(xs: list[float], ys: list[float]) -> float | None:
+    """Spearman's rank correlation (ties take their mean rank); None under 3 pairs or when
+    either side is constant."""
+    if len(xs) < 3:
+        return None
+    rx, ry = _ranks(xs), _ranks(ys)
+    mx, my = sum(rx) / len(rx), sum(ry) / len(ry)
+    sxy = sum((a - mx) * (b - my) for a, b in zip(rx, ry, strict=True))
+    sxx = sum((a - mx) ** 2 for a in rx)
+    syy = sum((b - my) ** 2 for b in ry)
+    return sxy / math.sqrt(sxx * syy) if sxx > 0 and syy > 0 else None
+
+
+def _ranks(xs: list[float]) -> list[float]:
+    order = sorted(range(len(xs)), key=xs.__getitem__)
+    ranks = [0.0] * len(xs)
+    i = 0
+    while i < len(order):
+        j = i
+        while j + 1 < len(order) and xs[order[j + 1]] == xs[order[i]]:
+            j += 1
+        for k in order[i : j + 1]:
+            ranks[k] = (i + j) / 2 + 1
+        i = j + 1
+    return ranks
 
 
 def _profile(engines: list[SimEngine], makespan_s: float, num_bins: int = 10):

@@ -51,12 +51,14 @@ Tested in tests/unit/test_scheduler.py with fake block budgets.
 from __future__ import annotations
 
 import enum
+import heapq
 import time
 from collections import deque
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 
 from rstar2cli.scheduler.kv import KV_MODES, KVLedger
+from rstar2cli.scheduler.predict import SiblingLengths
 
 POLICIES = ("kv", "static", "least-requests")
 
@@ -91,6 +93,9 @@ class SchedulerConfig:
     # at its tool call): at 1.0 a fifth of the KV sits reserved and unused; past ~1.15 the
     # engines start to preempt (scheduler benchmark, simulated H100).
     kv_overcommit: float = 1.1
+    tail_kv_fraction: float | None = None
+    tail_min_fraction: float = 0.75
+    max_tail_fraction: float = 0.25
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
@@ -128,12 +133,14 @@ class Slot:
     prompt_tokens: int
     max_response_tokens: int
     num_tokens: int  # context length now: prompt + response so far
+    group: Hashable = None  # its prompt's group (siblings predict each other's lengths)
     status: Status = Status.WAITING
     engine: int | None = None  # home engine (affinity); set up front by `static`
     started: bool = False
     num_migrations: int = 0
     ready_since: float = 0.0  # when it last became WAITING (incremental: migration timer)
     step_cap: int | None = None  # incremental: this request's smaller step, to fit at home
+    after_tool: bool = False  # ready after a tool call (a turn boundary: it may move now)
 
     @property
     def home(self) -> int:
@@ -165,7 +172,11 @@ class Scheduler:
         self.ledger = KVLedger([int(c * over) for c in capacity_tokens], block_size_tokens)
         self.num_engines = len(capacity_tokens)
         self.slots: dict[Hashable, Slot] = {}
-        self._new: deque[Hashable] = deque()  # not started, in data order (kv, least-requests)
+        self._new: deque[Hashable] = deque()  # not started, in data order (least-requests)
+        # kv: not started, per group in data order; groups in the order first seen
+        self._new_by_group: dict[Hashable, deque[Hashable]] = {}
+        self.num_new = 0  # not started (every policy)
+        self.lengths = SiblingLengths()
         self._new_by_engine: list[deque[Hashable]] = [deque() for _ in capacity_tokens]  # static
         self._ready: dict[Hashable, None] = {}  # started and WAITING, in the order they got ready
         self.num_running = [0] * self.num_engines
@@ -177,20 +188,36 @@ class Scheduler:
         self._busy_s = [0.0] * self.num_engines
         self._max_free = 0
         self._pending = [0] * self.num_engines  # incremental: room owed to trajectories homed there
+        self.tail: set[int] = set()
+        self.num_tail_moves = 0
 
     # -- events --------------------------------------------------------------------------------
 
-    def add(self, key: Hashable, prompt_tokens: int, max_response_tokens: int) -> None:
+    def add(
+        self,
+        key: Hashable,
+        prompt_tokens: int,
+        max_response_tokens: int,
+        group: Hashable = None,
+    ) -> None:
+        """A trajectory to run; `group`: its prompt (the samples of one prompt are siblings,
+        whose lengths predict each other's); None: a group of its own."""
         if key in self.slots:
             raise ValueError(f"trajectory {key!r} added twice")
-        slot = Slot(key, prompt_tokens, max_response_tokens, num_tokens=prompt_tokens)
+        group = (key,) if group is None else group
+        slot = Slot(key, prompt_tokens, max_response_tokens, prompt_tokens, group)
         if self.config.policy == "kv" and not self._fits_anywhere_empty(slot):
             raise ValueError(
                 f"trajectory {key!r} needs {self._admit_tokens(slot)} KV tokens; the largest "
                 f"engine has {max(self.capacity_tokens)}"
             )
         self.slots[key] = slot
-        self._new.append(key)
+        self.lengths.add(key, group)
+        self.num_new += 1
+        if self.config.policy == "kv":
+            self._new_by_group.setdefault(group, deque()).append(key)
+        else:
+            self._new.append(key)
 
     def schedule(self) -> list[Dispatch]:
         """Move WAITING trajectories to RUNNING where the policy allows; one Dispatch each."""
@@ -223,6 +250,7 @@ class Scheduler:
         self._set_running(slot.home, -1)
         slot.num_tokens = num_tokens
         slot.step_cap = None
+        self.lengths.update(key, num_tokens - slot.prompt_tokens)
         if next_status is Status.DONE:
             self._finish(slot)
             return
@@ -240,7 +268,9 @@ class Scheduler:
     def on_tool_done(self, key: Hashable, num_tokens: int) -> None:
         slot = self._expect(key, Status.TOOL)
         slot.num_tokens = num_tokens
+        self.lengths.update(key, num_tokens - slot.prompt_tokens)
         slot.status = Status.WAITING
+        slot.after_tool = True
         self._ready[key] = None
         slot.ready_since = self._clock()
 
@@ -321,6 +351,16 @@ class Scheduler:
         at home to free room) move to the engine with the most free KV; None: keep waiting."""
         need, home = self._admit_tokens(slot), slot.home
         held = self.ledger.holding(slot.key)
+        tail = self._tail_engine_for(slot, need, held.num_tokens if held else 0)
+        if tail is not None:
+            if tail == home:
+                pass
+            else:
+                self.ledger.release(slot.key)
+                self.ledger.reserve(slot.key, tail, need)
+                self._migrate(slot, tail)
+                self.num_tail_moves += 1
+                return tail
         lighter = self._lighter_engine(slot, need, held.num_tokens if held else 0)
         if lighter is not None:
             self.ledger.release(slot.key)
@@ -341,7 +381,7 @@ class Scheduler:
         self.ledger.release(slot.key)  # its cached prefix is given up either way
         if self.ledger.round_up(need) > self._max_free + (held.num_tokens if held else 0):
             return None  # fits nowhere; skip the scan (cheap with thousands waiting)
-        engine = self._most_free_fitting(need)
+        engine = self._most_free_fitting(need, exclude=set() if self.is_long(slot) else self.tail)
         if engine is None:
             return None
         self.ledger.reserve(slot.key, engine, need)
@@ -349,15 +389,51 @@ class Scheduler:
             self._migrate(slot, engine)
         return engine
 
+    def is_long(self, slot: Slot) -> bool:
+        pred = self.lengths.predict(slot.key, slot.max_response_tokens)
+        return pred is not None and pred >= self.config.tail_min_fraction * slot.max_response_tokens
+
+    def _tail_room(self, e: int, need: int) -> bool:
+        f = self.config.tail_kv_fraction
+        assert f is not None
+        return (
+            self.ledger.used(e) + self.ledger.round_up(need) <= f * self.capacity_tokens[e]
+            and self.ledger.round_up(need) <= self.ledger.free(e) - self._pending[e]
+            and self._below_cap(e)
+        )
+
+    def _tail_engine_for(self, slot: Slot, need: int, held_tokens: int) -> int | None:
+        """A long trajectory at a tool boundary, not on a tail engine: the tail engine to move to."""
+        if self.config.tail_kv_fraction is None or not slot.after_tool:
+            return None
+        if slot.home in self.tail or not self.is_long(slot):
+            return None
+        best = None
+        for e in self.tail:
+            if self._tail_room(e, need) and (best is None or self.ledger.used(e) < self.ledger.used(best)):
+                best = e
+        if best is not None:
+            return best
+        if len(self.tail) >= self.config.max_tail_fraction * self.num_engines:
+            return None
+        bulk = [e for e in range(self.num_engines) if e not in self.tail]
+        e = min(bulk, key=lambda e: self.ledger.used(e) - (held_tokens if e == slot.home else 0))
+        self.tail.add(e)
+        if e == slot.home:
+            return e
+        return e if self._tail_room(e, need) else None
+
     def _lighter_engine(self, slot: Slot, need: int, held_tokens: int) -> int | None:
         """Once nothing is left to admit: the least used engine that fits `slot` and would hold,
         with it, under `drain_balance` of the KV the others use at its home; None: stay."""
-        if self._new or self.config.drain_balance is None:
+        if self.num_new or self.config.drain_balance is None:
             return None
         others_home = self.ledger.used(slot.home) - held_tokens
         best, best_used = None, None
         for e in range(self.num_engines):
             if e == slot.engine or not self._below_cap(e):
+                continue
+            if e in self.tail and not self.is_long(slot):
                 continue
             used = self.ledger.used(e)
             if self.ledger.round_up(need) > self.ledger.free(e) - self._pending[e]:
@@ -392,11 +468,15 @@ class Scheduler:
             return slot.home
         return self._most_free_fitting(need)
 
-    def _most_free_fitting(self, need: int, owed: list[int] | None = None) -> int | None:
+    def _most_free_fitting(
+        self, need: int, owed: list[int] | None = None, exclude: set[int] | frozenset = frozenset()
+    ) -> int | None:
         """The engine with the most free KV (less what is `owed` to waiting trajectories homed
         there) that fits `need`; ties go to the engine with fewer requests in flight."""
         best, best_rank = None, None
         for e in range(self.num_engines):
+            if e in exclude:
+                continue
             room = self.ledger.free(e) - (owed[e] if owed else 0)
             if self.ledger.round_up(need) > room or not self._below_cap(e):
                 continue
@@ -406,17 +486,43 @@ class Scheduler:
         return best
 
     def _admit_kv(self) -> list[Dispatch]:
-        out = []
+        """Start new trajectories, predicted-longest first, while the next one fits somewhere."""
+        out: list[Dispatch] = []
+        if not self.num_new:
+            return out
         owed = self._pending if self._incremental() else None
-        while self._new:
-            slot = self.slots[self._new[0]]
-            engine = self._most_free_fitting(self._admit_tokens(slot), owed)
+        order = [(self._admit_rank(g), i, g) for i, g in enumerate(self._new_by_group) if self._new_by_group[g]]
+        heapq.heapify(order)
+        while order:
+            _, i, group = order[0]
+            queue = self._new_by_group[group]
+            slot = self.slots[queue[0]]
+            engine = None
+            if self.tail and self.is_long(slot):
+                tails = [e for e in self.tail if self._tail_room(e, self._admit_tokens(slot))]
+                engine = min(tails, key=self.ledger.used) if tails else None
             if engine is None:
-                break  # NOTE: strict data order: a later, smaller trajectory never jumps the queue
-            self._new.popleft()
+                engine = self._most_free_fitting(self._admit_tokens(slot), owed, self.tail)
+            if engine is None:
+                break  # NOTE: strict priority order: a later, smaller trajectory never jumps the queue
+            queue.popleft()
             self.ledger.reserve(slot.key, engine, self._admit_tokens(slot))
             out.append(self._start(slot, engine))
+            if queue:
+                heapq.heapreplace(order, (self._admit_rank(group), i, group))
+            else:
+                heapq.heappop(order)
         return out
+
+    def _admit_rank(self, group: Hashable) -> tuple:
+        """Which group's next trajectory starts first (smallest first): groups none of whose
+        samples has started (to learn their lengths), then the longest predicted, then the
+        group with the fewest started (so the first wave is spread over all prompts)."""
+        started = self.lengths.num_started(group)
+        predicted = self.lengths.predict_group(group)
+        if predicted is None:
+            return (0, 0.0, started)
+        return (1, -predicted, started)
 
     def _split_static(self) -> None:
         # NOTE: contiguous chunks, as verl splits a batch over its rollout workers: the samples
@@ -455,11 +561,14 @@ class Scheduler:
 
     def _start(self, slot: Slot, engine: int) -> Dispatch:
         slot.started = True
+        self.num_new -= 1
+        self.lengths.update(slot.key, 0)
         slot.engine = engine
         self.num_active[engine] += 1
         return self._dispatch(slot, engine)
 
     def _dispatch(self, slot: Slot, engine: int) -> Dispatch:
+        slot.after_tool = False
         slot.status = Status.RUNNING
         self._set_running(engine, +1)
         return Dispatch(slot.key, engine, self._gen_tokens(slot))
@@ -476,8 +585,10 @@ class Scheduler:
         self.ledger.release(slot.key)
         if slot.started:
             self.num_active[slot.home] -= 1
+            self.lengths.update(slot.key, slot.num_tokens - slot.prompt_tokens, done=True)
         else:  # finished before it ever ran (e.g. cancelled): drop it from the new queues
-            for queue in (self._new, *self._new_by_engine):
+            self.num_new -= 1
+            for queue in (self._new, *self._new_by_engine, self._new_by_group.get(slot.group, ())):
                 if slot.key in queue:
                     queue.remove(slot.key)
         slot.status = Status.DONE
