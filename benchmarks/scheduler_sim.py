@@ -243,6 +243,9 @@ class SimResult:
     batch_by_tenth: list[float]  # mean requests per busy engine step, per tenth of the makespan
     last_start_s: float  # when the trajectory that finished last was first dispatched
     last_own_s: float  # that trajectory's own minimal time (`own_min_s`)
+    # the makespan had every trajectory run alone from the moment it started: max over
+    # trajectories of start + `own_min_s`; what is left above it is time lost to sharing engines
+    start_bound_s: float
     engine_end_s: list[float]  # when each engine's last step ended, sorted
     # Spearman rank correlation of predicted and true response lengths, over the samples of each
     # group still unfinished when its first sample finished (predicted then: `num_predicted`)
@@ -433,6 +436,7 @@ def simulate(
         batch_by_tenth=batch,
         last_start_s=start_s[last],
         last_own_s=own_min_s(workload[last], max_response, cost),
+        start_bound_s=max(start_s[k] + own_min_s(workload[k], max_response, cost) for k in start_s),
         length_spearman=spearman,
         num_predicted=len(predicted),
         engine_end_s=sorted(e.steps[-1][0] + e.steps[-1][1] if e.steps else 0.0 for e in engines),

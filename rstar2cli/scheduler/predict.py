@@ -43,6 +43,7 @@ class SiblingLengths:
         self._fit: dict[Hashable, tuple[float, float, float | None] | None] = {}  # see _fit_line
         self._sigmas: dict[Hashable, float] = {}  # groups with their own line -> its sigma
         self._pooled_sigma = PRIOR_SIGMA
+        self._median: dict[Hashable, float | None] = {}  # predict_group(group), cached
 
     def add(self, key: Hashable, group: Hashable) -> None:
         """`key` belongs to `group`; it counts once it has started (`update`)."""
@@ -56,13 +57,16 @@ class SiblingLengths:
             self._members[group].append(key)
         self._length[key] = response_tokens
         self._fit.pop(group, None)
+        self._median.pop(group, None)
         if done:
             self._done.add(key)
             line = self._line(group)
             if line is not None and line[2] is not None:
                 self._sigmas[group] = line[2]
                 ordered = sorted(self._sigmas.values())
-                self._pooled_sigma = ordered[len(ordered) // 2]
+                if ordered[len(ordered) // 2] != self._pooled_sigma:
+                    self._pooled_sigma = ordered[len(ordered) // 2]
+                    self._median.clear()
 
     def num_started(self, group: Hashable) -> int:
         return len(self._members.get(group, ()))
@@ -71,6 +75,12 @@ class SiblingLengths:
         """`key`'s predicted final response length (at most `max_tokens`); None: none of its
         group has produced a token yet."""
         return self.predict_group(self._group[key], self._length.get(key, 0), max_tokens)
+
+    def group_median(self, group: Hashable) -> float | None:
+        """`predict_group(group)`, cached until the group or the pooled sigma changes."""
+        if group not in self._median:
+            self._median[group] = self.predict_group(group)
+        return self._median[group]
 
     def predict_group(
         self, group: Hashable, at_least: int = 0, max_tokens: float = math.inf

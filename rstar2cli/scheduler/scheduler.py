@@ -39,6 +39,14 @@ Policies (`POLICIES`):
 - `least-requests` (verl's router): each new trajectory goes, when a slot frees, to the engine with
   the fewest in-flight generate requests (sticky for all its turns), at most
   `max_active_per_engine` active trajectories per engine.
+Predicted lengths (`kv` policy): every trajectory may name its `group` (its prompt); the
+siblings' lengths so far predict each one's (`predict.SiblingLengths`). With `admission`
+`predicted`, new trajectories start longest-predicted first instead of in data order: first one
+sample of every prompt not yet seen (to learn its length), then by the group's predicted length,
+ties to the group with the fewest started, so the first wave spreads over all prompts. With
+`tail_kv_fraction` set (incremental mode), a trajectory predicted long moves at its next
+tool-call boundary to a tail engine kept at a low batch (`tail.TailEngines`), re-prefilling its
+context there. Both are measured against data order in benchmarks/scheduler.py (part b).
 Baselines admit without looking at KV; their reservations are still written to the ledger (with
 `force_reserve`, as `full` mode would) so statistics show how far they over-commit.
 
@@ -59,8 +67,10 @@ from dataclasses import dataclass
 
 from rstar2cli.scheduler.kv import KV_MODES, KVLedger
 from rstar2cli.scheduler.predict import SiblingLengths
+from rstar2cli.scheduler.tail import TailEngines
 
 POLICIES = ("kv", "static", "least-requests")
+ADMISSIONS = ("data", "predicted")
 
 
 class Status(enum.Enum):
@@ -93,9 +103,12 @@ class SchedulerConfig:
     # at its tool call): at 1.0 a fifth of the KV sits reserved and unused; past ~1.15 the
     # engines start to preempt (scheduler benchmark, simulated H100).
     kv_overcommit: float = 1.1
+    # kv policy: the order new trajectories start in: `data`, or `predicted` (longest predicted
+    # first, from their prompt's siblings; see the module docstring).
+    admission: str = "data"
+    # incremental mode: a tail engine takes trajectories predicted long while its KV in use stays
+    # under this fraction of its KV (`tail.TailEngines`); None: no tail engines.
     tail_kv_fraction: float | None = None
-    tail_min_fraction: float = 0.75
-    max_tail_fraction: float = 0.25
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
@@ -114,6 +127,12 @@ class SchedulerConfig:
             raise ValueError(f"kv_overcommit must be in [1, 2], got {self.kv_overcommit}")
         if self.migrate_after_s < 0:
             raise ValueError(f"migrate_after_s must be >= 0, got {self.migrate_after_s}")
+        if self.admission not in ADMISSIONS:
+            raise ValueError(
+                f"unknown admission {self.admission!r}; choose one of {', '.join(ADMISSIONS)}"
+            )
+        if self.tail_kv_fraction is not None and not 0 < self.tail_kv_fraction <= 1:
+            raise ValueError(f"tail_kv_fraction must be in (0, 1] or None, got {self.tail_kv_fraction}")
 
 
 @dataclass
@@ -172,11 +191,19 @@ class Scheduler:
         self.ledger = KVLedger([int(c * over) for c in capacity_tokens], block_size_tokens)
         self.num_engines = len(capacity_tokens)
         self.slots: dict[Hashable, Slot] = {}
-        self._new: deque[Hashable] = deque()  # not started, in data order (least-requests)
-        # kv: not started, per group in data order; groups in the order first seen
+        self._new: deque[Hashable] = deque()  # not started, in data order
+        # admission `predicted`: not started, per group in data order; groups in first-seen order
         self._new_by_group: dict[Hashable, deque[Hashable]] = {}
         self.num_new = 0  # not started (every policy)
+        self._min_new_tokens = 1 << 62  # the least any new trajectory's admission can need
         self.lengths = SiblingLengths()
+        fraction = self.config.tail_kv_fraction
+        self.tail = (
+            TailEngines(self.ledger, self.capacity_tokens, fraction)
+            if fraction is not None and self._incremental()
+            else None
+        )
+        self.num_tail_moves = 0
         self._new_by_engine: list[deque[Hashable]] = [deque() for _ in capacity_tokens]  # static
         self._ready: dict[Hashable, None] = {}  # started and WAITING, in the order they got ready
         self.num_running = [0] * self.num_engines
@@ -188,8 +215,6 @@ class Scheduler:
         self._busy_s = [0.0] * self.num_engines
         self._max_free = 0
         self._pending = [0] * self.num_engines  # incremental: room owed to trajectories homed there
-        self.tail: set[int] = set()
-        self.num_tail_moves = 0
 
     # -- events --------------------------------------------------------------------------------
 
@@ -212,9 +237,10 @@ class Scheduler:
                 f"engine has {max(self.capacity_tokens)}"
             )
         self.slots[key] = slot
+        self._min_new_tokens = min(self._min_new_tokens, self._admit_tokens(slot))
         self.lengths.add(key, group)
         self.num_new += 1
-        if self.config.policy == "kv":
+        if self.config.policy == "kv" and self.config.admission == "predicted":
             self._new_by_group.setdefault(group, deque()).append(key)
         else:
             self._new.append(key)
@@ -351,16 +377,13 @@ class Scheduler:
         at home to free room) move to the engine with the most free KV; None: keep waiting."""
         need, home = self._admit_tokens(slot), slot.home
         held = self.ledger.holding(slot.key)
-        tail = self._tail_engine_for(slot, need, held.num_tokens if held else 0)
-        if tail is not None:
-            if tail == home:
-                pass
-            else:
-                self.ledger.release(slot.key)
-                self.ledger.reserve(slot.key, tail, need)
-                self._migrate(slot, tail)
-                self.num_tail_moves += 1
-                return tail
+        tail = self._tail_engine(slot, need, held.num_tokens if held else 0)
+        if tail is not None and tail != home:
+            self.ledger.release(slot.key)
+            self.ledger.reserve(slot.key, tail, need)
+            self._migrate(slot, tail)
+            self.num_tail_moves += 1
+            return tail
         lighter = self._lighter_engine(slot, need, held.num_tokens if held else 0)
         if lighter is not None:
             self.ledger.release(slot.key)
@@ -381,7 +404,7 @@ class Scheduler:
         self.ledger.release(slot.key)  # its cached prefix is given up either way
         if self.ledger.round_up(need) > self._max_free + (held.num_tokens if held else 0):
             return None  # fits nowhere; skip the scan (cheap with thousands waiting)
-        engine = self._most_free_fitting(need, exclude=set() if self.is_long(slot) else self.tail)
+        engine = self._most_free_fitting(need, exclude=self._closed_to(slot))
         if engine is None:
             return None
         self.ledger.reserve(slot.key, engine, need)
@@ -389,51 +412,35 @@ class Scheduler:
             self._migrate(slot, engine)
         return engine
 
-    def is_long(self, slot: Slot) -> bool:
-        pred = self.lengths.predict(slot.key, slot.max_response_tokens)
-        return pred is not None and pred >= self.config.tail_min_fraction * slot.max_response_tokens
+    def _is_long(self, slot: Slot) -> bool:
+        budget = slot.max_response_tokens
+        return TailEngines.is_long(self.lengths.predict(slot.key, budget), budget)
 
-    def _tail_room(self, e: int, need: int) -> bool:
-        f = self.config.tail_kv_fraction
-        assert f is not None
-        return (
-            self.ledger.used(e) + self.ledger.round_up(need) <= f * self.capacity_tokens[e]
-            and self.ledger.round_up(need) <= self.ledger.free(e) - self._pending[e]
-            and self._below_cap(e)
-        )
+    def _closed_to(self, slot: Slot) -> set[int]:
+        """Engines `slot` may not move or start on: tail engines, unless it is predicted long."""
+        if self.tail is None or not self.tail.engines or self._is_long(slot):
+            return set()
+        return self.tail.engines
 
-    def _tail_engine_for(self, slot: Slot, need: int, held_tokens: int) -> int | None:
-        """A long trajectory at a tool boundary, not on a tail engine: the tail engine to move to."""
-        if self.config.tail_kv_fraction is None or not slot.after_tool:
+    def _tail_engine(self, slot: Slot, need: int, held_tokens: int) -> int | None:
+        """A trajectory predicted long, at a tool-call boundary, off the tail engines: the tail
+        engine to move to (None: stay)."""
+        if self.tail is None or not slot.after_tool or slot.home in self.tail.engines:
             return None
-        if slot.home in self.tail or not self.is_long(slot):
+        if not self._is_long(slot):
             return None
-        best = None
-        for e in self.tail:
-            if self._tail_room(e, need) and (best is None or self.ledger.used(e) < self.ledger.used(best)):
-                best = e
-        if best is not None:
-            return best
-        if len(self.tail) >= self.config.max_tail_fraction * self.num_engines:
-            return None
-        bulk = [e for e in range(self.num_engines) if e not in self.tail]
-        e = min(bulk, key=lambda e: self.ledger.used(e) - (held_tokens if e == slot.home else 0))
-        self.tail.add(e)
-        if e == slot.home:
-            return e
-        return e if self._tail_room(e, need) else None
+        return self.tail.pick(need, slot.home, held_tokens, self._pending, self._below_cap)
 
     def _lighter_engine(self, slot: Slot, need: int, held_tokens: int) -> int | None:
         """Once nothing is left to admit: the least used engine that fits `slot` and would hold,
         with it, under `drain_balance` of the KV the others use at its home; None: stay."""
         if self.num_new or self.config.drain_balance is None:
             return None
+        closed = self._closed_to(slot)
         others_home = self.ledger.used(slot.home) - held_tokens
         best, best_used = None, None
         for e in range(self.num_engines):
-            if e == slot.engine or not self._below_cap(e):
-                continue
-            if e in self.tail and not self.is_long(slot):
+            if e == slot.engine or e in closed or not self._below_cap(e):
                 continue
             used = self.ledger.used(e)
             if self.ledger.round_up(need) > self.ledger.free(e) - self._pending[e]:
@@ -469,13 +476,13 @@ class Scheduler:
         return self._most_free_fitting(need)
 
     def _most_free_fitting(
-        self, need: int, owed: list[int] | None = None, exclude: set[int] | frozenset = frozenset()
+        self, need: int, owed: list[int] | None = None, exclude: set[int] | None = None
     ) -> int | None:
         """The engine with the most free KV (less what is `owed` to waiting trajectories homed
         there) that fits `need`; ties go to the engine with fewer requests in flight."""
         best, best_rank = None, None
         for e in range(self.num_engines):
-            if e in exclude:
+            if exclude and e in exclude:
                 continue
             room = self.ledger.free(e) - (owed[e] if owed else 0)
             if self.ledger.round_up(need) > room or not self._below_cap(e):
@@ -486,40 +493,69 @@ class Scheduler:
         return best
 
     def _admit_kv(self) -> list[Dispatch]:
-        """Start new trajectories, predicted-longest first, while the next one fits somewhere."""
-        out: list[Dispatch] = []
+        """Start new trajectories in `admission` order while the next one fits somewhere."""
         if not self.num_new:
-            return out
+            return []
         owed = self._pending if self._incremental() else None
-        order = [(self._admit_rank(g), i, g) for i, g in enumerate(self._new_by_group) if self._new_by_group[g]]
+        room = max(self.ledger.free(e) - (owed[e] if owed else 0) for e in range(self.num_engines))
+        if self.ledger.round_up(self._min_new_tokens) > room:
+            return []  # not even the smallest new trajectory fits anywhere
+        if self.config.admission == "predicted":
+            return self._admit_predicted(owed)
+        out = []
+        while self._new:
+            slot = self.slots[self._new[0]]
+            engine = self._new_engine(slot, owed)
+            if engine is None:
+                break  # NOTE: strict data order: a later, smaller trajectory never jumps the queue
+            self._new.popleft()
+            out.append(self._start(slot, engine))
+        return out
+
+    def _admit_predicted(self, owed: list[int] | None) -> list[Dispatch]:
+        """`_admit_kv` in predicted order: the group ranked first (`_admit_rank`) starts its
+        next sample, while that one fits somewhere (no later, smaller one jumps the queue)."""
+        out = []
+        groups = self._new_by_group
+        order = [(self._admit_rank(g), i, g) for i, g in enumerate(groups) if groups[g]]
         heapq.heapify(order)
         while order:
             _, i, group = order[0]
-            queue = self._new_by_group[group]
-            slot = self.slots[queue[0]]
-            engine = None
-            if self.tail and self.is_long(slot):
-                tails = [e for e in self.tail if self._tail_room(e, self._admit_tokens(slot))]
-                engine = min(tails, key=self.ledger.used) if tails else None
+            slot = self.slots[groups[group][0]]
+            engine = self._new_engine(slot, owed)
             if engine is None:
-                engine = self._most_free_fitting(self._admit_tokens(slot), owed, self.tail)
-            if engine is None:
-                break  # NOTE: strict priority order: a later, smaller trajectory never jumps the queue
-            queue.popleft()
-            self.ledger.reserve(slot.key, engine, self._admit_tokens(slot))
+                break
+            groups[group].popleft()
             out.append(self._start(slot, engine))
-            if queue:
+            if groups[group]:
                 heapq.heapreplace(order, (self._admit_rank(group), i, group))
             else:
                 heapq.heappop(order)
         return out
 
-    def _admit_rank(self, group: Hashable) -> tuple:
-        """Which group's next trajectory starts first (smallest first): groups none of whose
-        samples has started (to learn their lengths), then the longest predicted, then the
-        group with the fewest started (so the first wave is spread over all prompts)."""
+    def _new_engine(self, slot: Slot, owed: list[int] | None) -> int | None:
+        """Where a new trajectory starts (its reservation made): a tail engine with room if it
+        is predicted long, else the engine with the most free KV; None: it fits nowhere now."""
+        need, engine = self._admit_tokens(slot), None
+        if self.tail is not None and self.tail.engines and self._is_long(slot):
+            fits = [
+                e
+                for e in self.tail.engines
+                if self.tail.has_room(e, need, self._pending[e], self._below_cap(e))
+            ]
+            engine = min(fits, key=self.ledger.used) if fits else None
+        if engine is None:
+            engine = self._most_free_fitting(need, owed, self._closed_to(slot))
+        if engine is not None:
+            self.ledger.reserve(slot.key, engine, need)
+        return engine
+
+    def _admit_rank(self, group: Hashable) -> tuple[int, float, int]:
+        """Which group's next sample starts first (smallest first): a group none of whose
+        samples has produced anything (to learn its length), then the longest predicted, ties
+        to the group with the fewest started (so the first wave spreads over all prompts)."""
         started = self.lengths.num_started(group)
-        predicted = self.lengths.predict_group(group)
+        predicted = self.lengths.group_median(group)
         if predicted is None:
             return (0, 0.0, started)
         return (1, -predicted, started)
