@@ -132,7 +132,9 @@ class SchedulerConfig:
                 f"unknown admission {self.admission!r}; choose one of {', '.join(ADMISSIONS)}"
             )
         if self.tail_kv_fraction is not None and not 0 < self.tail_kv_fraction <= 1:
-            raise ValueError(f"tail_kv_fraction must be in (0, 1] or None, got {self.tail_kv_fraction}")
+            raise ValueError(
+                f"tail_kv_fraction must be in (0, 1] or None, got {self.tail_kv_fraction}"
+            )
 
 
 @dataclass
@@ -624,7 +626,8 @@ class Scheduler:
             self.lengths.update(slot.key, slot.num_tokens - slot.prompt_tokens, done=True)
         else:  # finished before it ever ran (e.g. cancelled): drop it from the new queues
             self.num_new -= 1
-            for queue in (self._new, *self._new_by_engine, self._new_by_group.get(slot.group, ())):
+            by_group = self._new_by_group.get(slot.group, deque())
+            for queue in (self._new, *self._new_by_engine, by_group):
                 if slot.key in queue:
                     queue.remove(slot.key)
         slot.status = Status.DONE
