@@ -12,44 +12,53 @@
     reports each one's median run, since on 2 loaded cores one run of a policy can differ from
     the next by a third. It also fits the cost model of `scheduler_sim` (step = a + b*batch +
     c*context, prefill = p per token) to timed calls on one engine.
-(b) Simulated cluster (`scheduler_sim`, the real `Scheduler` inside): 64 engines, one per GPU
-    (`--sim-gpu`: mi300x, the paper's, or h100), Qwen3-14B, 512 prompts x 32 rollouts, lengths
-    up to 8K. Step cost and KV capacity come from spec sheets and stated assumptions
-    (`scheduler_sim.gpu_cost`, `gpu_kv_tokens`), not from (a): (a)'s fit describes a 2-layer model
-    on a CPU, and is printed next to them only for comparison. Each policy's makespan is shown
-    against the work bound (the issue's lower bound: total work / total capacity), against
-    max(work bound, critical path), and against the step floor; then where the time goes (when
-    50/90/99% were done, busy fraction and batch per tenth of the run, the last trajectory).
-    Policies: kv-full (the paper's reservation), kv-per_turn, kv-incremental (the default kv
-    mode), static, least-requests; `--policies` picks some of them. Every policy runs on each
-    workload seed (`--sim-seeds`, default 0,1,2), then a summary across seeds: which engines the
-    long trajectories land on moves least-requests' and static's makespans by ~10% from one
-    workload to the next, so a single seed can flatter or wrong either side.
+(b) Simulated cluster (`scheduler_sim`, the real `Scheduler` inside; tables, targets and JSON in
+    `scheduler_cluster`): 64 engines, one per GPU (`--sim-gpu`: mi300x, the paper's, or h100),
+    Qwen3-14B, 512 prompts x 32 rollouts, lengths up to 8K. Step cost and KV capacity come from
+    spec sheets and stated assumptions (`scheduler_sim.gpu_cost`, `gpu_kv_tokens`), not from (a):
+    (a)'s fit describes a 2-layer model on a CPU, and is printed next to them only for
+    comparison. Each row is shown against the work bound (total work / total capacity),
+    max(work bound, critical path: the slowest trajectory alone on an engine, tool waits
+    included), the step floor, and its own start-limited bound (had every trajectory run alone
+    from when it started); then what moves cost, the Spearman correlation of the predicted and
+    true lengths, where the time goes (when 50/90/99% were done, busy fraction and batch per
+    tenth of the run, the last trajectory), and the issue's targets, each printed met or NOT met.
+    Rows (`POLICIES`; `--policies` picks some): kv-full (the paper's reservation), kv-per_turn,
+    kv-incremental (the default), kv-predicted (incremental, new trajectories started longest
+    predicted first, from their prompt's siblings), kv-tail (kv-predicted, plus trajectories
+    predicted long moved at tool calls onto tail engines kept at a low batch), static,
+    least-requests. Every row runs on each workload seed (`--sim-seeds`, default 0,1,2), then a
+    summary across seeds: which engines the long trajectories land on moves least-requests' and
+    static's makespans by ~10% from one workload to the next, so a single seed can flatter or
+    wrong either side. Partial rollout (`partial_rollout`, `--sim-partial`: over-provision 0.25)
+    is reported apart, since it trains on tokens up to a step old. `--json FILE` writes it all.
 
-    Why no policy gets near the work bound here: it spreads the fixed cost of a step `a` (reading
-    the weights, ~9 ms on an MI300X) over full batches of max_num_seqs for the whole run. But
-    512 x 32 rollouts on 64 engines is exactly 256 = max_num_seqs per engine, so batches only
-    shrink from the first step on, and at least 64 trajectories decode the whole 8K budget: an
-    engine holding one runs >= 8K steps that each pay `a`. The step floor (`step_floor_s`: a x
-    those steps + each engine's share of the per-token work) estimates that tail; it is not a
-    bound (a placement that knew lengths up front, or migration, could beat it) but no
-    length-blind placement that keeps trajectories in place does. KV-aware and least-requests
-    differ only when KV is short: on an MI300X a 14B model's KV holds ~730K tokens per engine and
-    never fills, so both admit everything at once and make the same choices; on an H100 (~186K)
-    it fills, least-requests preempts and recomputes, and kv-incremental admits in real time.
-    There the floor (a x 8,192 + the per-token work) sits just under 1.1x the work bound (whose
-    `a` term is the ~6,800 steps the KV allows at best), so coming within 10% would take every
-    engine's longest trajectory running from the first second with the KV over 80% full for all
-    of its 8K steps. In data order the trajectory that finishes last starts ~170 s in, when KV
-    frees. Starting long prompts early does not help: `--sim-order hard-first` and `easy-last` replay the workload
-    with the groups ordered in hindsight, and kv-incremental gets slower, because long contexts
-    admitted early crowd the KV and shrink every batch.
+    Why no row gets near the work bound here: it spreads the fixed cost of a step `a` (reading
+    the weights, ~9 ms on an MI300X) over full batches for the whole run, and lets every token
+    run at the cheapest per-token cost, while the long trajectories need their 8K steps one after
+    another. 512 x 32 rollouts on 64 engines is exactly 256 = max_num_seqs per engine, so
+    batches only shrink from the first step on, and >= 64 trajectories decode the whole 8K
+    budget: an engine holding one runs >= 8K steps that each pay `a`. The step floor
+    (`step_floor_s`: a x those steps + each engine's share of the per-token work) estimates that
+    tail; it is not a bound, but no length-blind placement that keeps trajectories in place does
+    better. On an MI300X a 14B model's KV (~730K tokens per engine) never fills: everything
+    starts at once and the long trajectories share their engines with ~250 others for their first
+    thousand tokens. On an H100 (~186K) the KV fills, least-requests preempts and recomputes, and
+    kv-incremental admits in real time; the last trajectory to finish starts ~170 s in. Knowing
+    lengths does not remove either tail: starting the longest predicted first (kv-predicted, or
+    `--sim-order hard-first` and `easy-last`, which replay the groups ordered in hindsight)
+    crowds the KV with long contexts early and every batch shrinks; gathering the long ones on
+    tail engines (kv-tail) slows them (their contexts dominate a step) and takes engines from the
+    bulk of the work, and moves cost a re-prefill each. On the H100 the trajectories that finish
+    last are mostly a prompt's outliers (a sample several times longer than its siblings, so
+    started late with the short prompts), which no sibling predicts.
     python benchmarks/scheduler.py                 # both parts (a takes minutes on 2 cores)
     python benchmarks/scheduler.py --part a --repeats 3  # each policy 3 times, interleaved; medians
     python benchmarks/scheduler.py --part b                 # simulated MI300X cluster (~30 s)
     python benchmarks/scheduler.py --part b --sim-gpu h100  # KV-bound case (minutes)
     python benchmarks/scheduler.py --part b --sim-engines 8 --sim-prompts 64  # 1/8 scale
     python benchmarks/scheduler.py --part b --sim-seeds 0  # one workload (default: seeds 0,1,2)
+    python benchmarks/scheduler.py --part b --json b.json  # every number also to b.json
 """
 
 from __future__ import annotations

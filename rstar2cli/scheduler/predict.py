@@ -44,6 +44,11 @@ class SiblingLengths:
         self._sigmas: dict[Hashable, float] = {}  # groups with their own line -> its sigma
         self._pooled_sigma = PRIOR_SIGMA
         self._median: dict[Hashable, float | None] = {}  # predict_group(group), cached
+        # predict(key), cached with what it was computed from: its group's updates, the pooled
+        # sigma's changes, and the key's own length and cap
+        self._version: dict[Hashable, int] = {}
+        self._pooled_version = 0
+        self._memo: dict[Hashable, tuple[int, int, int, float, float | None]] = {}
 
     def add(self, key: Hashable, group: Hashable) -> None:
         """`key` belongs to `group`; it counts once it has started (`update`)."""
@@ -58,6 +63,7 @@ class SiblingLengths:
         self._length[key] = response_tokens
         self._fit.pop(group, None)
         self._median.pop(group, None)
+        self._version[group] = self._version.get(group, 0) + 1
         if done:
             self._done.add(key)
             line = self._line(group)
@@ -67,6 +73,7 @@ class SiblingLengths:
                 if ordered[len(ordered) // 2] != self._pooled_sigma:
                     self._pooled_sigma = ordered[len(ordered) // 2]
                     self._median.clear()
+                    self._pooled_version += 1
 
     def num_started(self, group: Hashable) -> int:
         return len(self._members.get(group, ()))
@@ -74,7 +81,13 @@ class SiblingLengths:
     def predict(self, key: Hashable, max_tokens: float = math.inf) -> float | None:
         """`key`'s predicted final response length (at most `max_tokens`); None: none of its
         group has produced a token yet."""
-        return self.predict_group(self._group[key], self._length.get(key, 0), max_tokens)
+        group, length = self._group[key], self._length.get(key, 0)
+        stamp = (self._version.get(group, 0), self._pooled_version, length, max_tokens)
+        memo = self._memo.get(key)
+        if memo is None or memo[:4] != stamp:
+            memo = (*stamp, self.predict_group(group, length, max_tokens))
+            self._memo[key] = memo
+        return memo[4]
 
     def group_median(self, group: Hashable) -> float | None:
         """`predict_group(group)`, cached until the group or the pooled sigma changes."""

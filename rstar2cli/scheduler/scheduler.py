@@ -11,9 +11,10 @@ about tokens' content. The async driver (`rstar2cli.scheduler.rollout`) and the 
 
 Policies (`POLICIES`):
 - `kv` (the paper's scheduler, section 4.2): a trajectory starts only when its KV reservation
-  (`kv.KVLedger`, mode `full`, `per_turn` or `incremental`) fits an engine's free KV; new trajectories are handed
-  out in real time, in data order, to the engine with the most free KV (ties: fewest requests in
-  flight) as reservations are released. Affinity: in `full` mode a trajectory holds its reservation on one engine for its whole
+  (`kv.KVLedger`, mode `full`, `per_turn` or `incremental`) fits an engine's free KV; new
+  trajectories are handed out in real time, in `admission` order (data order by default), to the
+  engine with the most free KV (ties: fewest requests in flight) as reservations are released.
+  Affinity: in `full` mode a trajectory holds its reservation on one engine for its whole
   life, so every turn goes back there (prefix-cache hits). In `per_turn` mode each turn is
   re-checked: it goes back to its engine when the turn's reservation fits there; otherwise it
   migrates to the engine with the most free KV that fits (one re-prefill of the context there,
@@ -46,7 +47,8 @@ sample of every prompt not yet seen (to learn its length), then by the group's p
 ties to the group with the fewest started, so the first wave spreads over all prompts. With
 `tail_kv_fraction` set (incremental mode), a trajectory predicted long moves at its next
 tool-call boundary to a tail engine kept at a low batch (`tail.TailEngines`), re-prefilling its
-context there. Both are measured against data order in benchmarks/scheduler.py (part b).
+context there. Both are measured against data order in benchmarks/scheduler.py (part b), where
+neither wins (its docstring says why), so both are off by default.
 Baselines admit without looking at KV; their reservations are still written to the ledger (with
 `force_reserve`, as `full` mode would) so statistics show how far they over-commit.
 
