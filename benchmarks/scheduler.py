@@ -462,6 +462,7 @@ def print_real(all_rows, sim: dict[str, float], args) -> None:
         "tool calls",
         "tool lat ms",
         "peak ledger/cap",
+        "moves",
         "static/x",
         "least-req/x",
     ]
@@ -479,6 +480,7 @@ def print_real(all_rows, sim: dict[str, float], args) -> None:
                 str(s.num_tool_calls),
                 f"{s.mean_tool_latency_s * 1e3:.0f}",
                 f"{peak:.2f}",
+                str(s.num_migrations),
                 _ratio(base, "static", s.makespan_s),
                 _ratio(base, "least-requests", s.makespan_s),
             ]
