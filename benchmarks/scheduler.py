@@ -12,44 +12,53 @@
     reports each one's median run, since on 2 loaded cores one run of a policy can differ from
     the next by a third. It also fits the cost model of `scheduler_sim` (step = a + b*batch +
     c*context, prefill = p per token) to timed calls on one engine.
-(b) Simulated cluster (`scheduler_sim`, the real `Scheduler` inside): 64 engines, one per GPU
-    (`--sim-gpu`: mi300x, the paper's, or h100), Qwen3-14B, 512 prompts x 32 rollouts, lengths
-    up to 8K. Step cost and KV capacity come from spec sheets and stated assumptions
-    (`scheduler_sim.gpu_cost`, `gpu_kv_tokens`), not from (a): (a)'s fit describes a 2-layer model
-    on a CPU, and is printed next to them only for comparison. Each policy's makespan is shown
-    against the work bound (the issue's lower bound: total work / total capacity), against
-    max(work bound, critical path), and against the step floor; then where the time goes (when
-    50/90/99% were done, busy fraction and batch per tenth of the run, the last trajectory).
-    Policies: kv-full (the paper's reservation), kv-per_turn, kv-incremental (the default kv
-    mode), static, least-requests; `--policies` picks some of them. Every policy runs on each
-    workload seed (`--sim-seeds`, default 0,1,2), then a summary across seeds: which engines the
-    long trajectories land on moves least-requests' and static's makespans by ~10% from one
-    workload to the next, so a single seed can flatter or wrong either side.
+(b) Simulated cluster (`scheduler_sim`, the real `Scheduler` inside; tables, targets and JSON in
+    `scheduler_cluster`): 64 engines, one per GPU (`--sim-gpu`: mi300x, the paper's, or h100),
+    Qwen3-14B, 512 prompts x 32 rollouts, lengths up to 8K. Step cost and KV capacity come from
+    spec sheets and stated assumptions (`scheduler_sim.gpu_cost`, `gpu_kv_tokens`), not from (a):
+    (a)'s fit describes a 2-layer model on a CPU, and is printed next to them only for
+    comparison. Each row is shown against the work bound (total work / total capacity),
+    max(work bound, critical path: the slowest trajectory alone on an engine, tool waits
+    included), the step floor, and its own start-limited bound (had every trajectory run alone
+    from when it started); then what moves cost, the Spearman correlation of the predicted and
+    true lengths, where the time goes (when 50/90/99% were done, busy fraction and batch per
+    tenth of the run, the last trajectory), and the issue's targets, each printed met or NOT met.
+    Rows (`POLICIES`; `--policies` picks some): kv-full (the paper's reservation), kv-per_turn,
+    kv-incremental (the default), kv-predicted (incremental, new trajectories started longest
+    predicted first, from their prompt's siblings), kv-tail (kv-predicted, plus trajectories
+    predicted long moved at tool calls onto tail engines kept at a low batch), static,
+    least-requests. Every row runs on each workload seed (`--sim-seeds`, default 0,1,2), then a
+    summary across seeds: which engines the long trajectories land on moves least-requests' and
+    static's makespans by ~10% from one workload to the next, so a single seed can flatter or
+    wrong either side. Partial rollout (`partial_rollout`, `--sim-partial`: over-provision 0.25)
+    is reported apart, since it trains on tokens up to a step old. `--json FILE` writes it all.
 
-    Why no policy gets near the work bound here: it spreads the fixed cost of a step `a` (reading
-    the weights, ~9 ms on an MI300X) over full batches of max_num_seqs for the whole run. But
-    512 x 32 rollouts on 64 engines is exactly 256 = max_num_seqs per engine, so batches only
-    shrink from the first step on, and at least 64 trajectories decode the whole 8K budget: an
-    engine holding one runs >= 8K steps that each pay `a`. The step floor (`step_floor_s`: a x
-    those steps + each engine's share of the per-token work) estimates that tail; it is not a
-    bound (a placement that knew lengths up front, or migration, could beat it) but no
-    length-blind placement that keeps trajectories in place does. KV-aware and least-requests
-    differ only when KV is short: on an MI300X a 14B model's KV holds ~730K tokens per engine and
-    never fills, so both admit everything at once and make the same choices; on an H100 (~186K)
-    it fills, least-requests preempts and recomputes, and kv-incremental admits in real time.
-    There the floor (a x 8,192 + the per-token work) sits just under 1.1x the work bound (whose
-    `a` term is the ~6,800 steps the KV allows at best), so coming within 10% would take every
-    engine's longest trajectory running from the first second with the KV over 80% full for all
-    of its 8K steps. In data order the trajectory that finishes last starts ~170 s in, when KV
-    frees. Starting long prompts early does not help: `--sim-order hard-first` and `easy-last` replay the workload
-    with the groups ordered in hindsight, and kv-incremental gets slower, because long contexts
-    admitted early crowd the KV and shrink every batch.
+    Why no row gets near the work bound here: it spreads the fixed cost of a step `a` (reading
+    the weights, ~9 ms on an MI300X) over full batches for the whole run, and lets every token
+    run at the cheapest per-token cost, while the long trajectories need their 8K steps one after
+    another. 512 x 32 rollouts on 64 engines is exactly 256 = max_num_seqs per engine, so
+    batches only shrink from the first step on, and >= 64 trajectories decode the whole 8K
+    budget: an engine holding one runs >= 8K steps that each pay `a`. The step floor
+    (`step_floor_s`: a x those steps + each engine's share of the per-token work) estimates that
+    tail; it is not a bound, but no length-blind placement that keeps trajectories in place does
+    better. On an MI300X a 14B model's KV (~730K tokens per engine) never fills: everything
+    starts at once and the long trajectories share their engines with ~250 others for their first
+    thousand tokens. On an H100 (~186K) the KV fills, least-requests preempts and recomputes, and
+    kv-incremental admits in real time; the last trajectory to finish starts ~170 s in. Knowing
+    lengths does not remove either tail: starting the longest predicted first (kv-predicted, or
+    `--sim-order hard-first` and `easy-last`, which replay the groups ordered in hindsight)
+    crowds the KV with long contexts early and every batch shrinks; gathering the long ones on
+    tail engines (kv-tail) slows them (their contexts dominate a step) and takes engines from the
+    bulk of the work, and moves cost a re-prefill each. On the H100 the trajectories that finish
+    last are mostly a prompt's outliers (a sample several times longer than its siblings, so
+    started late with the short prompts), which no sibling predicts.
     python benchmarks/scheduler.py                 # both parts (a takes minutes on 2 cores)
     python benchmarks/scheduler.py --part a --repeats 3  # each policy 3 times, interleaved; medians
     python benchmarks/scheduler.py --part b                 # simulated MI300X cluster (~30 s)
     python benchmarks/scheduler.py --part b --sim-gpu h100  # KV-bound case (minutes)
     python benchmarks/scheduler.py --part b --sim-engines 8 --sim-prompts 64  # 1/8 scale
     python benchmarks/scheduler.py --part b --sim-seeds 0  # one workload (default: seeds 0,1,2)
+    python benchmarks/scheduler.py --part b --json b.json  # every number also to b.json
 """
 
 from __future__ import annotations
@@ -66,24 +75,41 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-POLICIES = [
-    ("kv", "full"),
-    ("kv", "per_turn"),
-    ("kv", "incremental"),
-    ("static", "full"),
-    ("least-requests", "full"),
-]
+# The tail engines' KV budget in the `kv-tail` row (a fraction of an engine's KV): the best of
+# 0.3 and 0.5 in 1/8-scale runs (neither beat `kv-predicted`).
+TAIL_KV_FRACTION = 0.3
+
+# label -> the SchedulerConfig fields that make the policy (the rest come from the command line)
+POLICIES: dict[str, dict] = {
+    "kv-full": dict(policy="kv", kv_mode="full", admission="data"),
+    "kv-per_turn": dict(policy="kv", kv_mode="per_turn", admission="data"),
+    "kv-incremental": dict(policy="kv", kv_mode="incremental", admission="data"),
+    "kv-predicted": dict(policy="kv", kv_mode="incremental", admission="predicted"),
+    "kv-tail": dict(
+        policy="kv", kv_mode="incremental", admission="predicted", tail_kv_fraction=TAIL_KV_FRACTION
+    ),
+    "static": dict(policy="static", kv_mode="full"),
+    "least-requests": dict(policy="least-requests", kv_mode="full"),
+}
 
 
-def _selected(args) -> list[tuple[str, str]]:
+def _selected(args) -> list[str]:
     if not args.policies:
-        return POLICIES
-    by_label = {_label(p, m): (p, m) for p, m in POLICIES}
-    return [by_label[name] for name in args.policies.split(",") if name in by_label]
+        return list(POLICIES)
+    return [name for name in args.policies.split(",") if name in POLICIES]
 
 
-def _label(policy: str, mode: str) -> str:
-    return f"kv-{mode}" if policy == "kv" else policy
+def default_label() -> str:
+    """The row that `SchedulerConfig()`'s defaults make (the targets are checked on it)."""
+    from rstar2cli.scheduler.scheduler import SchedulerConfig
+
+    default = SchedulerConfig()
+    for name, fields in POLICIES.items():
+        if all(getattr(default, k) == v for k, v in fields.items()) and (
+            "tail_kv_fraction" in fields or default.tail_kv_fraction is None
+        ):
+            return name
+    raise AssertionError("no benchmark row runs SchedulerConfig's defaults")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -119,7 +145,9 @@ class ScriptedTrajectory:
         left = self.max_response - len(self.response_ids)
         cap = min(self.turn_left, left, max_tokens or left)
         return SamplingSpec(
-            max_tokens=max(cap, 1), temperature=1.0, seed=hash(self.item["id"]) % 10**6
+            max_tokens=max(cap, 1),
+            temperature=1.0,
+            seed=hash((self.item["id"], self.item["sample"])) % 10**6,
         )
 
     def on_generated(self, out):
@@ -164,6 +192,7 @@ class ScriptedTrajectory:
     def record(self):
         return {
             "id": self.item["id"],
+            "sample": self.item["sample"],
             "num_tokens": self.num_tokens,
             "finish_reason": self.finish_reason,
         }
@@ -215,7 +244,7 @@ def real_workload(num_prompts: int, num_samples: int, max_response: int, seed: i
             ]
             items.append(
                 {
-                    "id": f"p{p}-s{s}",
+                    "id": f"p{p}",  # the problem: its samples are one group
                     "sample": s,
                     "question": f"Problem {p}: compute {p}*{p + 7}.",
                     "turns": turns,
@@ -298,8 +327,8 @@ async def run_real(args) -> tuple[list[list[str]], object]:
             num_workers=args.sandbox_workers, timeout_s=10.0, preload=()
         ) as sandbox:
             await _warm_up(engines, sandbox, items, tok)
-            for policy, mode in _rounds(_selected(args), args.repeats):
-                sched = _real_config(args, policy, mode)
+            for name in _rounds(_selected(args), args.repeats):
+                sched = _real_config(args, name)
                 agent = AgentConfig(max_response_tokens=args.max_response_tokens)
                 done = []
                 stats = await run_rollout(
@@ -315,8 +344,8 @@ async def run_real(args) -> tuple[list[list[str]], object]:
                     ),
                 )
                 assert len(done) == len(items)
-                rows.append((_label(policy, mode), stats))
-                print(f"  {_label(policy, mode)}: {stats.makespan_s:.1f} s", flush=True)
+                rows.append((name, stats))
+                print(f"  {name}: {stats.makespan_s:.1f} s", flush=True)
         sim = replay_in_sim(items, tok, cost, rows[0][1].capacity_tokens, args)
     finally:
         for e in engines:
@@ -324,13 +353,12 @@ async def run_real(args) -> tuple[list[list[str]], object]:
     return rows, cost, sim
 
 
-def _sched_config(args, policy: str, mode: str, max_active: int | None):
-    """The scheduler settings of one policy, from the command line (both parts)."""
+def _sched_config(args, name: str, max_active: int | None):
+    """The scheduler settings of row `name`, from the command line (both parts)."""
     from rstar2cli.scheduler.scheduler import SchedulerConfig
 
     return SchedulerConfig(
-        policy=policy,
-        kv_mode=mode,
+        **POLICIES[name],
         step_tokens=args.step_tokens,
         max_active_per_engine=max_active,
         migrate_after_s=args.migrate_after_s,
@@ -339,10 +367,11 @@ def _sched_config(args, policy: str, mode: str, max_active: int | None):
     )
 
 
-def _real_config(args, policy: str, mode: str):
+def _real_config(args, name: str):
     """Part (a)'s settings: kv bounded by KV alone, the baselines by --concurrency (none: as
     `rstar2 rollout` runs them)."""
-    return _sched_config(args, policy, mode, None if policy == "kv" else args.concurrency)
+    kv = POLICIES[name]["policy"] == "kv"
+    return _sched_config(args, name, None if kv else args.concurrency)
 
 
 def replay_in_sim(items, tok, cost, capacity_tokens: list[int], args) -> dict[str, float]:
@@ -366,20 +395,21 @@ def replay_in_sim(items, tok, cost, capacity_tokens: list[int], args) -> dict[st
             list(item["turns"]),
             [chunk_tokens(k) for k in range(len(item["turns"]) - 1)],
             list(item["tool_s"]),
+            group=item["id"],
         )
         for item in items
     ]
     out = {}
-    for policy, mode in _selected(args):
+    for name in _selected(args):
         result = simulate(
             work,
-            _real_config(args, policy, mode),
+            _real_config(args, name),
             len(capacity_tokens),
             min(capacity_tokens),
             args.max_response_tokens,
             cost,
         )
-        out[_label(policy, mode)] = result.makespan_s
+        out[name] = result.makespan_s
     return out
 
 
@@ -432,6 +462,7 @@ def print_real(all_rows, sim: dict[str, float], args) -> None:
         "tool calls",
         "tool lat ms",
         "peak ledger/cap",
+        "moves",
         "static/x",
         "least-req/x",
     ]
@@ -449,6 +480,7 @@ def print_real(all_rows, sim: dict[str, float], args) -> None:
                 str(s.num_tool_calls),
                 f"{s.mean_tool_latency_s * 1e3:.0f}",
                 f"{peak:.2f}",
+                str(s.num_migrations),
                 _ratio(base, "static", s.makespan_s),
                 _ratio(base, "least-requests", s.makespan_s),
             ]
@@ -474,160 +506,6 @@ def print_real(all_rows, sim: dict[str, float], args) -> None:
 def _ratio(makespans: dict[str, float], base: str, makespan_s: float) -> str:
     """How many times faster a run of `makespan_s` was than policy `base` ("-": it did not run)."""
     return f"{makespans[base] / makespan_s:.2f}x" if base in makespans else "-"
-
-
-# ---------------------------------------------------------------------------------------------
-# (b) simulated cluster
-
-
-def run_sims(args, cost) -> None:
-    """Part (b) once per workload seed; with several seeds, a summary of the makespans and of the
-    ratios between policies across them."""
-    seeds = [int(x) for x in args.sim_seeds.split(",")]
-    by_seed = {}
-    for seed in seeds:
-        print(f"\n== (b) workload seed {seed}", flush=True)
-        by_seed[seed] = run_sim(args, cost, seed)
-    if len(seeds) < 2:
-        return
-    print(
-        f"\n(b) across workload seeds {args.sim_seeds}: makespan s per seed; the ratios are of "
-        "the mean makespans, then the lowest and highest per-seed ratio"
-    )
-    header = ["policy", *(f"seed {x}" for x in seeds), "mean s", "static/x", "least-req/x"]
-    names = list(by_seed[seeds[0]])
-    mean = {n: sum(by_seed[x][n] for x in seeds) / len(seeds) for n in names}
-
-    def ratios(n: str, base: str) -> str:
-        if base not in mean:
-            return "-"
-        per_seed = [by_seed[x][base] / by_seed[x][n] for x in seeds]
-        return f"{mean[base] / mean[n]:.2f}x ({min(per_seed):.2f}-{max(per_seed):.2f})"
-
-    table = [
-        [n, *(f"{by_seed[x][n]:.1f}" for x in seeds), f"{mean[n]:.1f}"]
-        + [ratios(n, "static"), ratios(n, "least-requests")]
-        for n in names
-    ]
-    _print_table(header, table)
-
-
-def run_sim(args, cost, seed: int) -> dict[str, float]:
-    """Simulate every selected policy on one workload; print the tables; makespans by policy."""
-    from scheduler_sim import (
-        GPUS,
-        lower_bound_s,
-        make_workload,
-        order_groups,
-        simulate,
-        step_floor_s,
-    )
-
-    gpu = GPUS[args.sim_gpu]
-    work = make_workload(args.sim_prompts, args.sim_samples, args.sim_max_response, seed)
-    work = order_groups(work, args.sim_samples, args.sim_order, args.sim_max_response)
-    work_lb, path_lb = lower_bound_s(
-        work, args.sim_engines, args.sim_kv_tokens, args.sim_max_response, cost, args.sim_max_seqs
-    )
-    floor_s, floor_tokens, num_floor = step_floor_s(
-        work, args.sim_engines, args.sim_max_response, cost
-    )
-    lb = max(work_lb, path_lb)
-    results = []
-    for policy, mode in _selected(args):
-        config = _sched_config(args, policy, mode, args.sim_max_seqs)
-        start = time.perf_counter()
-        r = simulate(
-            work,
-            config,
-            args.sim_engines,
-            args.sim_kv_tokens,
-            args.sim_max_response,
-            cost,
-            args.sim_max_seqs,
-        )
-        results.append(r)
-        print(
-            f"  simulated {r.policy}: {r.makespan_s:.1f} s ({time.perf_counter() - start:.0f} s wall)",
-            flush=True,
-        )
-    by = {r.policy: r.makespan_s for r in results}
-    print(
-        f"\n(b) simulated: {args.sim_engines} engines, one per {gpu.name}, Qwen3-14B bf16; "
-        f"{args.sim_prompts} prompts x {args.sim_samples} rollouts (workload seed {seed}), responses up to "
-        f"{args.sim_max_response} tokens; KV {args.sim_kv_tokens} tokens/engine "
-        f"({args.sim_kv_source}); max_num_seqs {args.sim_max_seqs}; kv step {args.step_tokens} tokens; "
-        f"drain balance {args.drain_balance}; kv over-commit {args.kv_overcommit}; "
-        f"prompt order {args.sim_order}"
-    )
-    print(
-        f"cost ({args.sim_cost_source}): step = {cost.a_s * 1e3:.2f} ms + {cost.b_s * 1e6:.1f} us x "
-        f"batch + {cost.c_s * 1e9:.1f} ns x context tokens; prefill {cost.p_s * 1e6:.1f} us/token"
-    )
-    print(
-        f"work bound (the issue's lower bound: total work / total capacity) {work_lb:.1f} s; "
-        f"critical path (slowest trajectory alone, batch 1) {path_lb:.1f} s; max {lb:.1f} s"
-    )
-    print(
-        f"step floor (estimate, not a bound; scheduler_sim.step_floor_s): {floor_s:.1f} s = "
-        f"{floor_tokens} decode steps x {cost.a_s * 1e3:.2f} ms on every engine "
-        f"({num_floor} trajectories decode >= {floor_tokens} tokens, >= 1 per engine) + "
-        f"each engine's share of the per-token work"
-    )
-    header = [
-        "policy",
-        "makespan s",
-        "x work bd",
-        "x max bd",
-        "x floor",
-        "idle frac",
-        "preempt",
-        "recomp Mtok",
-        "KV mean",
-        "KV peak",
-        "migrations",
-        "static/x",
-        "least-req/x",
-    ]
-    table = [
-        [
-            r.policy,
-            f"{r.makespan_s:.1f}",
-            f"{r.makespan_s / work_lb:.3f}",
-            f"{r.makespan_s / lb:.3f}",
-            f"{r.makespan_s / floor_s:.3f}",
-            f"{r.idle_fraction:.3f}",
-            str(r.num_preemptions),
-            f"{r.num_recomputed_tokens / 1e6:.1f}",
-            f"{r.mean_kv_use:.2f}",
-            f"{r.peak_kv_use:.2f}",
-            str(r.num_migrations),
-            _ratio(by, "static", r.makespan_s),
-            _ratio(by, "least-requests", r.makespan_s),
-        ]
-        for r in results
-    ]
-    _print_table(header, table)
-    print(
-        "\nwhere the time goes: when 50/90/99% of trajectories were done; the share of the makespan"
-        "\nafter 90%; the last trajectory to finish: when it started and its own batch-1 time;"
-        "\nper tenth of the makespan: busy fraction of engine time, and mean batch while busy"
-    )
-    header = ["policy", "t50/t90/t99 s", "after t90", "last: start/own s", "busy by tenth"]
-    header.append("batch by tenth")
-    table = [
-        [
-            r.policy,
-            "/".join(f"{r.done_at(f):.0f}" for f in (0.5, 0.9, 0.99)),
-            f"{1 - r.done_at(0.9) / r.makespan_s:.0%}",
-            f"{r.last_start_s:.0f}/{r.last_own_s:.0f}",
-            " ".join(f"{x:.2f}" for x in r.busy_by_tenth),
-            " ".join(f"{x:.0f}" for x in r.batch_by_tenth),
-        ]
-        for r in results
-    ]
-    _print_table(header, table)
-    return by
 
 
 def _print_table(header, rows) -> None:
@@ -717,6 +595,14 @@ def main() -> None:
     ap.add_argument(
         "--sim-step-tokens", type=int, default=1024, help="kv per_turn/incremental step (b)"
     )
+    ap.add_argument(
+        "--sim-partial",
+        type=lambda v: None if v == "none" else float(v),
+        default=0.25,
+        help="(b): partial rollout's over-provision (0.25: a quarter more prompt groups than a "
+        "step needs), reported apart; 'none' skips it",
+    )
+    ap.add_argument("--json", default=None, help="(b): also write every number to this JSON file")
     args = ap.parse_args()
     if args.repeats < 1:
         ap.error("--repeats must be >= 1")
@@ -743,6 +629,8 @@ def main() -> None:
             args.sim_kv_tokens = gpu_kv_tokens(gpu)
             args.sim_kv_source = "0.8 of GPU memory - weights - 4 GB, 160 KiB/token"
         args.step_tokens = args.sim_step_tokens
+        from scheduler_cluster import run_sims
+
         run_sims(args, cost)
 
 

@@ -22,10 +22,21 @@ a GPU. Time advances in macro steps: the batch is constant until the first reque
 finishes, KV runs out, or `MAX_MACRO_STEPS` pass (arrivals wait at most that long; in 1/8-scale
 runs 8 instead of 32 moved makespans by about 1%). Tools run on an unbounded sandbox with sampled latencies.
 
-Bounds (`lower_bound_s`): the work bound (total work / total capacity) and the critical path (the
-slowest trajectory alone at batch 1). `step_floor_s` estimates the tail no online policy removes:
-see its docstring. What it does not model: chunked prefill interleaving, network, stragglers
-among engines, compute/memory overlap (a step's terms add; a roofline would take their max).
+Bounds (`lower_bound_s`): the work bound (total work / total capacity) and the critical path
+(the slowest trajectory alone on an engine: its prompt and tool answers prefilled, every token
+decoded at batch 1, every tool call waited in full). `step_floor_s` estimates the tail no online
+policy removes: see its docstring. Each run also reports its start-limited bound (had every
+trajectory run alone from when this run started it) and what moves cost: a trajectory whose
+request lands on another engine than its last one prefills its context there again (the move's
+cost, counted in `num_moved_tokens` and as a share of all engine work; re-prefills after an
+eviction or a preemption are not moves). `stop_after_groups` cuts a run once that many prompt
+groups are whole and returns the unfinished as the next step's trajectories (partial rollout,
+benchmarks/partial_rollout.py). The scheduler's sibling length predictions are scored as they
+stand when each group's first sample finishes (Spearman against the true lengths of the rest).
+What it does not model: chunked prefill interleaving, network, stragglers among engines,
+compute/memory overlap (a step's terms add; a roofline would take their max), KV transfer
+between engines (a move re-prefills, as the engine path does), prefix sharing between siblings
+(each trajectory's cache is its own). Tested in tests/unit/test_scheduler_sim.py.
 """
 
 from __future__ import annotations
@@ -35,7 +46,7 @@ import math
 import random
 import sys
 from collections import OrderedDict, deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -114,9 +125,13 @@ class SimTraj:
     turns: list[int]  # model tokens per turn
     chunks: list[int]  # tool-response tokens after each turn but the last
     tool_s: list[float]
+    group: object = None  # its prompt: the samples of one prompt share its difficulty
+    budget: int | None = None  # response tokens it may still make; None: the run's maximum
+    carried_tokens: int = 0  # tokens it decoded in earlier steps (partial rollout)
     turn: int = 0
     turn_left: int = 0
-    response_tokens: int = 0
+    response_tokens: int = 0  # in this run, tool answers included
+    decoded_tokens: int = 0  # in this run
 
     def __post_init__(self) -> None:
         self.turn_left = self.turns[0]
@@ -128,7 +143,7 @@ def make_workload(
     """Heavy-tailed multi-turn rollouts; samples of one prompt share its difficulty."""
     rng = random.Random(seed)
     out = []
-    for _ in range(num_prompts):
+    for group in range(num_prompts):
         prompt = rng.randint(200, 600)
         difficulty = rng.lognormvariate(math.log(1500), 0.6)
         for _ in range(num_samples):
@@ -143,7 +158,7 @@ def make_workload(
                 min(30.0, rng.lognormvariate(math.log(0.3) - 0.5, 1.0))
                 for _ in range(num_turns - 1)
             ]
-            out.append(SimTraj(prompt, turns, chunks, tool_s))
+            out.append(SimTraj(prompt, turns, chunks, tool_s, group))
     return out
 
 
@@ -235,13 +250,26 @@ class SimResult:
     num_migrations: int
     num_prefill_tokens: int
     num_recomputed_tokens: int  # re-prefilled after preemptions
+    num_moved_tokens: int  # re-prefilled on the engine a trajectory moved to
+    migration_overhead_share: float  # those prefills' time / all engines' busy time
     peak_kv_use: float  # the highest KV use of any engine, as a fraction of its capacity
     finish_s: list[float]  # when each trajectory finished, sorted
     busy_by_tenth: list[float]  # fraction of engine time busy in each tenth of the makespan
     batch_by_tenth: list[float]  # mean requests per busy engine step, per tenth of the makespan
     last_start_s: float  # when the trajectory that finished last was first dispatched
     last_own_s: float  # that trajectory's own minimal time (`own_min_s`)
+    # the makespan had every trajectory run alone from the moment it started: max over
+    # trajectories of start + `own_min_s`; what is left above it is time lost to sharing engines
+    start_bound_s: float
     engine_end_s: list[float]  # when each engine's last step ended, sorted
+    # Spearman rank correlation of predicted and true response lengths, over the samples of each
+    # group still unfinished when its first sample finished (predicted then: `num_predicted`)
+    length_spearman: float | None
+    num_predicted: int
+    num_groups_done: int
+    carried: list[SimTraj]  # stopped early: the unfinished, as the next step's trajectories
+    decoded_tokens: list[int]  # per trajectory of the workload, in this run
+    done: list[bool]  # per trajectory of the workload: finished in this run
 
     @property
     def idle_fraction(self) -> float:
@@ -260,49 +288,87 @@ def simulate(
     max_response: int,
     cost: Cost,
     max_num_seqs: int = 256,
+    stop_after_groups: int | None = None,
 ) -> SimResult:
-    trajs = [
-        SimTraj(t.prompt_tokens, list(t.turns), list(t.chunks), list(t.tool_s)) for t in workload
-    ]
-    now = [0.0]
-    sched = Scheduler([capacity_tokens] * num_engines, config, clock=lambda: now[0])
-    engines = [SimEngine(i, capacity_tokens, max_num_seqs) for i in range(num_engines)]
-    ctx = [t.prompt_tokens for t in trajs]
-    for key, t in enumerate(trajs):
-        sched.add(key, t.prompt_tokens, max_response)
-    events: list = []
-    seq = [0]
-    start_s: dict[int, float] = {}
-    finish_s: dict[int, float] = {}
+    """Play `workload` through the real `Scheduler` on `num_engines` simulated engines until
+    every trajectory finished, or, with `stop_after_groups`, until that many prompt groups have
+    (every sample of theirs in `workload` finished): the rest are cut where they stand and
+    returned in `SimResult.carried`, ready to go on in the next step (partial rollout)."""
+    run = _Run(workload, config, num_engines, capacity_tokens, max_response, cost, max_num_seqs)
+    run.stop_after_groups = stop_after_groups
+    run.go()
+    return run.result()
 
-    def push(t: float, kind: str, payload: object) -> None:
-        heapq.heappush(events, (t, seq[0], kind, payload))
-        seq[0] += 1
 
-    def dispatch() -> None:
+class _Run:
+    """One simulation: the scheduler, the engines, the event queue and every trajectory's state."""
+
+    def __init__(self, workload, config, num_engines, capacity_tokens, max_response, cost, seqs):
+        self.workload, self.config, self.cost = workload, config, cost
+        self.capacity_tokens = capacity_tokens
+        self.trajs = [_fresh_copy(t) for t in workload]
+        self.budget = [_budget(t, max_response) for t in self.trajs]
+        self.now = 0.0
+        self.sched = Scheduler([capacity_tokens] * num_engines, config, clock=lambda: self.now)
+        self.engines = [SimEngine(i, capacity_tokens, seqs) for i in range(num_engines)]
+        self.ctx = [t.prompt_tokens for t in self.trajs]
+        for key, t in enumerate(self.trajs):
+            self.sched.add(key, t.prompt_tokens, self.budget[key], t.group)
+        self.events: list = []
+        self.seq = 0
+        self.start_s: dict[int, float] = {}
+        self.finish_s: dict[int, float] = {}
+        self.members: dict[object, list[int]] = {}
+        for key, t in enumerate(self.trajs):
+            self.members.setdefault(t.group, []).append(key)
+        self.left_in_group = {g: len(keys) for g, keys in self.members.items()}
+        self.num_groups_done = 0
+        self.stop_after_groups: int | None = None
+        self.predicted: dict[int, float] = {}  # the rest of a group, when its first finished
+        self.last_engine: dict[int, int] = {}  # where each trajectory's last request ran
+        self.last_ctx: dict[int, int] = {}  # its context when that request returned
+        self.num_moved_tokens = 0  # contexts re-prefilled because their trajectory moved
+        self.num_tokens = 0
+
+    def go(self) -> None:
+        self.dispatch()
+        while self.events and not self.stopped():
+            self.now, _, kind, payload = heapq.heappop(self.events)
+            if kind == "tool":
+                self.tool_done(payload)
+            else:
+                self.step_done(*payload)
+            self.dispatch()
+            if kind == "step" and not self.engines[payload[0]].stepping:
+                self.plan(self.engines[payload[0]])
+        assert self.stopped() or self.sched.all_done, "ended with unfinished trajectories"
+
+    def stopped(self) -> bool:
+        stop = self.stop_after_groups
+        return stop is not None and self.num_groups_done >= stop
+
+    def push(self, t: float, kind: str, payload: object) -> None:
+        heapq.heappush(self.events, (t, self.seq, kind, payload))
+        self.seq += 1
+
+    def dispatch(self) -> None:
         touched = {}
-        for d in sched.schedule():
-            t = trajs[d.key]
-            start_s.setdefault(d.key, now[0])
-            eng = engines[d.engine]
+        for d in self.sched.schedule():
+            t = self.trajs[d.key]
+            self.start_s.setdefault(d.key, self.now)
+            eng = self.engines[d.engine]
             # prefill is decided when the engine admits it (-1): what is still cached then is reused
-            eng.waiting.append(_Req(d.key, ctx[d.key], min(t.turn_left, d.max_tokens), prefill=-1))
+            left = min(t.turn_left, d.max_tokens)
+            eng.waiting.append(_Req(d.key, self.ctx[d.key], left, prefill=-1))
             touched[d.engine] = eng
         # NOTE: requests sent at one instant join one batch (planning after the first would leave
         # the rest waiting a whole macro step, their cached prefixes open to eviction meanwhile)
         for eng in touched.values():
             if not eng.stepping:
-                plan(eng)
+                self.plan(eng)
 
-    def plan(eng: SimEngine) -> None:
-        while eng.waiting and len(eng.running) < eng.max_num_seqs:
-            nxt = eng.waiting[0]
-            if eng.kv_used() + nxt.ctx + 1 > eng.capacity_tokens and eng.running:
-                break
-            req = eng.waiting.popleft()
-            if req.prefill < 0:
-                req.prefill = req.ctx - min(eng.cache_take(req.key), req.ctx)
-            eng.running.append(req)
+    def plan(self, eng: SimEngine) -> None:
+        self.admit(eng)
         if not eng.running:
             eng.stepping = False
             return
@@ -320,6 +386,7 @@ def simulate(
         eng.evict(eng.capacity_tokens - used - batch * k)  # the batch's growth claims free blocks
         prefill = sum(r.prefill for r in eng.running)
         eng.num_prefill_tokens += prefill
+        cost = self.cost
         dt = (
             cost.p_s * prefill
             + k * cost.step_s(batch, 0)
@@ -331,88 +398,210 @@ def simulate(
         eng.busy_s += dt
         eng.kv_token_s += dt * (used + batch * k / 2)
         eng.max_kv_used = max(eng.max_kv_used, used + batch * k)
-        eng.steps.append((now[0], dt, batch))
-        push(now[0] + dt, "step", (eng.index, k))
+        eng.steps.append((self.now, dt, batch))
+        self.push(self.now + dt, "step", (eng.index, k))
 
-    def gen_done(key: int, made: int, eng: SimEngine) -> None:
-        t = trajs[key]
-        ctx[key] += made
+    def admit(self, eng: SimEngine) -> None:
+        """Waiting requests join the batch while they fit; a request whose trajectory's last
+        request ran on another engine (it moved) re-prefills the context it had there."""
+        while eng.waiting and len(eng.running) < eng.max_num_seqs:
+            nxt = eng.waiting[0]
+            if eng.kv_used() + nxt.ctx + 1 > eng.capacity_tokens and eng.running:
+                break
+            req = eng.waiting.popleft()
+            if req.prefill < 0:
+                req.prefill = req.ctx - min(eng.cache_take(req.key), req.ctx)
+                if self.last_engine.get(req.key, eng.index) != eng.index:
+                    self.num_moved_tokens += min(req.prefill, self.last_ctx[req.key])
+            eng.running.append(req)
+
+    def step_done(self, index: int, k: int) -> None:
+        eng = self.engines[index]
+        still = []
+        for r in eng.running:
+            r.ctx += k
+            r.left -= k
+            r.made += k
+            self.num_tokens += k
+            if r.left <= 0:
+                self.gen_done(r.key, r.made, eng)
+            else:
+                still.append(r)
+        eng.running = still
+        eng.stepping = False
+
+    def gen_done(self, key: int, made: int, eng: SimEngine) -> None:
+        t, sched = self.trajs[key], self.sched
+        self.ctx[key] += made
         t.turn_left -= made
         t.response_tokens += made
-        eng.cache_put(key, ctx[key])
-        if t.response_tokens >= max_response:
-            sched.on_generated(key, ctx[key], Status.DONE)
+        t.decoded_tokens += made
+        eng.cache_put(key, self.ctx[key])
+        self.last_engine[key], self.last_ctx[key] = eng.index, self.ctx[key]
+        if t.response_tokens >= self.budget[key]:
+            sched.on_generated(key, self.ctx[key], Status.DONE)
         elif t.turn_left > 0:
-            sched.on_generated(key, ctx[key], Status.WAITING)
+            sched.on_generated(key, self.ctx[key], Status.WAITING)
         elif t.turn + 1 < len(t.turns):
-            sched.on_generated(key, ctx[key], Status.TOOL)
-            push(now[0] + t.tool_s[t.turn], "tool", key)
+            sched.on_generated(key, self.ctx[key], Status.TOOL)
+            self.push(self.now + t.tool_s[t.turn], "tool", key)
         else:
-            sched.on_generated(key, ctx[key], Status.DONE)
+            sched.on_generated(key, self.ctx[key], Status.DONE)
         if sched.slots[key].status is Status.DONE:
-            finish_s[key] = now[0]
+            self.finished(key)
 
-    def tool_done(key: int) -> None:
-        t = trajs[key]
+    def tool_done(self, key: int) -> None:
+        if self.take_tool_answer(key):
+            self.sched.on_tool_done(key, self.ctx[key])
+        else:
+            self.sched.finish(key)
+            self.finished(key)
+
+    def take_tool_answer(self, key: int) -> bool:
+        """Append trajectory `key`'s tool answer and start its next turn; False: the answer
+        spent its budget (it is done)."""
+        t = self.trajs[key]
         chunk = t.chunks[t.turn]
         t.turn += 1
         t.turn_left = t.turns[t.turn]
-        if t.response_tokens + chunk >= max_response:
-            sched.finish(key)
-            finish_s[key] = now[0]
-            return
-        ctx[key] += chunk
+        if t.response_tokens + chunk >= self.budget[key]:
+            return False
+        self.ctx[key] += chunk
         t.response_tokens += chunk
-        t.turn_left = min(t.turn_left, max_response - t.response_tokens)
-        sched.on_tool_done(key, ctx[key])
+        t.turn_left = min(t.turn_left, self.budget[key] - t.response_tokens)
+        return True
 
-    num_tokens = 0
-    dispatch()
-    while events:
-        now[0], _, kind, payload = heapq.heappop(events)
-        if kind == "tool":
-            tool_done(payload)
-        else:
-            index, k = payload
-            eng = engines[index]
-            still = []
-            for r in eng.running:
-                r.ctx += k
-                r.left -= k
-                r.made += k
-                num_tokens += k
-                if r.left <= 0:
-                    gen_done(r.key, r.made, eng)
-                else:
-                    still.append(r)
-            eng.running = still
-            eng.stepping = False
-        dispatch()
-        if kind == "step" and not engines[payload[0]].stepping:
-            plan(engines[payload[0]])
-    assert sched.all_done, "simulation ended with unfinished trajectories"
-    makespan = now[0]
-    mean_kv = sum(e.kv_token_s for e in engines) / (makespan * num_engines * capacity_tokens)
-    last = max(finish_s, key=finish_s.get)
-    busy, batch = _profile(engines, makespan)
-    return SimResult(
-        policy=config.policy if config.policy != "kv" else f"kv-{config.kv_mode}",
-        makespan_s=makespan,
-        busy_s=[e.busy_s for e in engines],
-        num_preemptions=sum(e.num_preemptions for e in engines),
-        num_tokens=num_tokens,
-        mean_kv_use=mean_kv,
-        num_migrations=sched.num_migrations,
-        num_prefill_tokens=sum(e.num_prefill_tokens for e in engines),
-        num_recomputed_tokens=sum(e.num_recomputed_tokens for e in engines),
-        peak_kv_use=max(e.max_kv_used for e in engines) / capacity_tokens,
-        finish_s=sorted(finish_s.values()),
-        busy_by_tenth=busy,
-        batch_by_tenth=batch,
-        last_start_s=start_s[last],
-        last_own_s=own_min_s(workload[last], max_response, cost),
-        engine_end_s=sorted(e.steps[-1][0] + e.steps[-1][1] if e.steps else 0.0 for e in engines),
+    def finished(self, key: int) -> None:
+        self.finish_s[key] = self.now
+        group = self.trajs[key].group
+        self.left_in_group[group] -= 1
+        if self.left_in_group[group] == 0:
+            self.num_groups_done += 1
+        siblings = self.members[group]
+        if group is None or len(siblings) - self.left_in_group[group] != 1:
+            return
+        for k in siblings:  # its first sample to finish predicts the rest
+            if k not in self.finish_s:
+                self.predicted[k] = self.sched.lengths.predict(k, self.budget[k]) or 0.0
+
+    def carried(self) -> list[SimTraj]:
+        """What the unfinished trajectories take into the next step: each one's context so far
+        (to prefill again: the weights changed), its turns left and its budget left. A request
+        in flight keeps the tokens it made; a tool call in flight is answered first."""
+        made = {r.key: r.made for e in self.engines for r in e.running}
+        out = []
+        for key, t in enumerate(self.trajs):
+            if key in self.finish_s:
+                continue
+            n = made.get(key, 0)
+            self.ctx[key] += n
+            t.turn_left -= n
+            t.response_tokens += n
+            t.decoded_tokens += n
+            if t.turn_left <= 0 and t.turn + 1 < len(t.turns):
+                if not self.take_tool_answer(key):
+                    self.finished(key)  # its tool answer spent the budget: done at the cut
+                    continue
+            elif t.turn_left <= 0 or t.response_tokens >= self.budget[key]:
+                self.finished(key)  # its last request ended just as the step was cut
+                continue
+            out.append(_carry(t, self.ctx[key], self.budget[key]))
+        return out
+
+    def result(self) -> SimResult:
+        sched, engines, cost, config = self.sched, self.engines, self.cost, self.config
+        makespan = self.now
+        carried = self.carried() if self.stopped() else []
+        capacity = makespan * len(engines) * self.capacity_tokens
+        work_s = sum(e.busy_s for e in engines)
+        last = max(self.finish_s, key=self.finish_s.get)
+        response = {k: self.ctx[k] - self.trajs[k].prompt_tokens for k in self.predicted}
+        keys = list(self.predicted)
+        spearman = spearman_rank([self.predicted[k] for k in keys], [response[k] for k in keys])
+        busy, batch = _profile(engines, makespan)
+        start_bound = max(
+            self.start_s[k] + own_min_s(self.workload[k], self.budget[k], cost)
+            for k in self.start_s
+        )
+        return SimResult(
+            policy=config.policy if config.policy != "kv" else f"kv-{config.kv_mode}",
+            makespan_s=makespan,
+            busy_s=[e.busy_s for e in engines],
+            num_preemptions=sum(e.num_preemptions for e in engines),
+            num_tokens=self.num_tokens,
+            mean_kv_use=sum(e.kv_token_s for e in engines) / capacity,
+            num_migrations=sched.num_migrations,
+            num_prefill_tokens=sum(e.num_prefill_tokens for e in engines),
+            num_recomputed_tokens=sum(e.num_recomputed_tokens for e in engines),
+            num_moved_tokens=self.num_moved_tokens,
+            migration_overhead_share=cost.p_s * self.num_moved_tokens / work_s,
+            peak_kv_use=max(e.max_kv_used for e in engines) / self.capacity_tokens,
+            finish_s=sorted(self.finish_s.values()),
+            busy_by_tenth=busy,
+            batch_by_tenth=batch,
+            last_start_s=self.start_s[last],
+            last_own_s=own_min_s(self.workload[last], self.budget[last], cost),
+            start_bound_s=start_bound,
+            length_spearman=spearman,
+            num_predicted=len(keys),
+            engine_end_s=sorted(
+                e.steps[-1][0] + e.steps[-1][1] if e.steps else 0.0 for e in engines
+            ),
+            num_groups_done=self.num_groups_done,
+            carried=carried,
+            decoded_tokens=[t.decoded_tokens for t in self.trajs],
+            done=[k in self.finish_s for k in range(len(self.trajs))],
+        )
+
+
+def _fresh_copy(t: SimTraj) -> SimTraj:
+    """`t` as it stands before it runs (a workload is played several times)."""
+    return replace(t, turns=list(t.turns), chunks=list(t.chunks), tool_s=list(t.tool_s),
+                   turn=0, response_tokens=0, decoded_tokens=0)  # fmt: skip
+
+
+def _budget(t: SimTraj, max_response: int) -> int:
+    return max_response if t.budget is None else t.budget
+
+
+def _carry(t: SimTraj, ctx: int, budget: int) -> SimTraj:
+    """`t` cut mid-run, as a trajectory of the next step: its context so far is its prompt."""
+    return SimTraj(
+        ctx,
+        [t.turn_left, *t.turns[t.turn + 1 :]],
+        t.chunks[t.turn :],
+        t.tool_s[t.turn :],
+        t.group,
+        budget=budget - t.response_tokens,
+        carried_tokens=t.carried_tokens + t.decoded_tokens,
     )
+
+
+def spearman_rank(xs: list[float], ys: list[float]) -> float | None:
+    """Spearman's rank correlation (ties take their mean rank); None under 3 pairs or when
+    either side is constant."""
+    if len(xs) < 3:
+        return None
+    rx, ry = _ranks(xs), _ranks(ys)
+    mx, my = sum(rx) / len(rx), sum(ry) / len(ry)
+    sxy = sum((a - mx) * (b - my) for a, b in zip(rx, ry, strict=True))
+    sxx = sum((a - mx) ** 2 for a in rx)
+    syy = sum((b - my) ** 2 for b in ry)
+    return sxy / math.sqrt(sxx * syy) if sxx > 0 and syy > 0 else None
+
+
+def _ranks(xs: list[float]) -> list[float]:
+    order = sorted(range(len(xs)), key=xs.__getitem__)
+    ranks = [0.0] * len(xs)
+    i = 0
+    while i < len(order):
+        j = i
+        while j + 1 < len(order) and xs[order[j + 1]] == xs[order[i]]:
+            j += 1
+        for k in order[i : j + 1]:
+            ranks[k] = (i + j) / 2 + 1
+        i = j + 1
+    return ranks
 
 
 def _profile(engines: list[SimEngine], makespan_s: float, num_bins: int = 10):
@@ -437,8 +626,9 @@ def _profile(engines: list[SimEngine], makespan_s: float, num_bins: int = 10):
 
 
 def _turns(t: SimTraj, max_response: int) -> list[tuple[int, int, float, int]]:
-    """What trajectory `t` really runs under the budget, per turn: (context at the turn's start,
+    """What trajectory `t` really runs under its budget, per turn: (context at the turn's start,
     tokens decoded, tool latency after it, tool-response tokens after it); 0, 0 after the last."""
+    max_response = _budget(t, max_response)
     out, c, resp = [], t.prompt_tokens, 0
     for i, n in enumerate(t.turns):
         n = min(n, max_response - resp)

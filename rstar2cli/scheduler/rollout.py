@@ -205,7 +205,9 @@ class _Run:
             )
         prompt_ids = self._prompt_cache[question]
         self.trajs[key] = self.make_trajectory(item, prompt_ids)
-        self.sched.add(key, len(prompt_ids), self.config.max_response_tokens)
+        # the samples of one problem are siblings: the scheduler predicts lengths from them
+        group = (item.get("benchmark"), item["id"]) if "id" in item else None
+        self.sched.add(key, len(prompt_ids), self.config.max_response_tokens, group)
 
     async def loop(self) -> None:
         self.start = time.monotonic()

@@ -11,9 +11,10 @@ about tokens' content. The async driver (`rstar2cli.scheduler.rollout`) and the 
 
 Policies (`POLICIES`):
 - `kv` (the paper's scheduler, section 4.2): a trajectory starts only when its KV reservation
-  (`kv.KVLedger`, mode `full`, `per_turn` or `incremental`) fits an engine's free KV; new trajectories are handed
-  out in real time, in data order, to the engine with the most free KV (ties: fewest requests in
-  flight) as reservations are released. Affinity: in `full` mode a trajectory holds its reservation on one engine for its whole
+  (`kv.KVLedger`, mode `full`, `per_turn` or `incremental`) fits an engine's free KV; new
+  trajectories are handed out in real time, in `admission` order (data order by default), to the
+  engine with the most free KV (ties: fewest requests in flight) as reservations are released.
+  Affinity: in `full` mode a trajectory holds its reservation on one engine for its whole
   life, so every turn goes back there (prefix-cache hits). In `per_turn` mode each turn is
   re-checked: it goes back to its engine when the turn's reservation fits there; otherwise it
   migrates to the engine with the most free KV that fits (one re-prefill of the context there,
@@ -39,6 +40,15 @@ Policies (`POLICIES`):
 - `least-requests` (verl's router): each new trajectory goes, when a slot frees, to the engine with
   the fewest in-flight generate requests (sticky for all its turns), at most
   `max_active_per_engine` active trajectories per engine.
+Predicted lengths (`kv` policy): every trajectory may name its `group` (its prompt); the
+siblings' lengths so far predict each one's (`predict.SiblingLengths`). With `admission`
+`predicted`, new trajectories start longest-predicted first instead of in data order: first one
+sample of every prompt not yet seen (to learn its length), then by the group's predicted length,
+ties to the group with the fewest started, so the first wave spreads over all prompts. With
+`tail_kv_fraction` set (incremental mode), a trajectory predicted long moves at its next
+tool-call boundary to a tail engine kept at a low batch (`tail.TailEngines`), re-prefilling its
+context there. Both are measured against data order in benchmarks/scheduler.py (part b), where
+neither wins (its docstring says why), so both are off by default.
 Baselines admit without looking at KV; their reservations are still written to the ledger (with
 `force_reserve`, as `full` mode would) so statistics show how far they over-commit.
 
@@ -51,14 +61,18 @@ Tested in tests/unit/test_scheduler.py with fake block budgets.
 from __future__ import annotations
 
 import enum
+import heapq
 import time
 from collections import deque
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 
 from rstar2cli.scheduler.kv import KV_MODES, KVLedger
+from rstar2cli.scheduler.predict import SiblingLengths
+from rstar2cli.scheduler.tail import TailEngines
 
 POLICIES = ("kv", "static", "least-requests")
+ADMISSIONS = ("data", "predicted")
 
 
 class Status(enum.Enum):
@@ -91,6 +105,12 @@ class SchedulerConfig:
     # at its tool call): at 1.0 a fifth of the KV sits reserved and unused; past ~1.15 the
     # engines start to preempt (scheduler benchmark, simulated H100).
     kv_overcommit: float = 1.1
+    # kv policy: the order new trajectories start in: `data`, or `predicted` (longest predicted
+    # first, from their prompt's siblings; see the module docstring).
+    admission: str = "data"
+    # incremental mode: a tail engine takes trajectories predicted long while its KV in use stays
+    # under this fraction of its KV (`tail.TailEngines`); None: no tail engines.
+    tail_kv_fraction: float | None = None
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
@@ -109,6 +129,14 @@ class SchedulerConfig:
             raise ValueError(f"kv_overcommit must be in [1, 2], got {self.kv_overcommit}")
         if self.migrate_after_s < 0:
             raise ValueError(f"migrate_after_s must be >= 0, got {self.migrate_after_s}")
+        if self.admission not in ADMISSIONS:
+            raise ValueError(
+                f"unknown admission {self.admission!r}; choose one of {', '.join(ADMISSIONS)}"
+            )
+        if self.tail_kv_fraction is not None and not 0 < self.tail_kv_fraction <= 1:
+            raise ValueError(
+                f"tail_kv_fraction must be in (0, 1] or None, got {self.tail_kv_fraction}"
+            )
 
 
 @dataclass
@@ -128,12 +156,14 @@ class Slot:
     prompt_tokens: int
     max_response_tokens: int
     num_tokens: int  # context length now: prompt + response so far
+    group: Hashable = None  # its prompt's group (siblings predict each other's lengths)
     status: Status = Status.WAITING
     engine: int | None = None  # home engine (affinity); set up front by `static`
     started: bool = False
     num_migrations: int = 0
     ready_since: float = 0.0  # when it last became WAITING (incremental: migration timer)
     step_cap: int | None = None  # incremental: this request's smaller step, to fit at home
+    after_tool: bool = False  # ready after a tool call (a turn boundary: it may move now)
 
     @property
     def home(self) -> int:
@@ -165,7 +195,19 @@ class Scheduler:
         self.ledger = KVLedger([int(c * over) for c in capacity_tokens], block_size_tokens)
         self.num_engines = len(capacity_tokens)
         self.slots: dict[Hashable, Slot] = {}
-        self._new: deque[Hashable] = deque()  # not started, in data order (kv, least-requests)
+        self._new: deque[Hashable] = deque()  # not started, in data order
+        # admission `predicted`: not started, per group in data order; groups in first-seen order
+        self._new_by_group: dict[Hashable, deque[Hashable]] = {}
+        self.num_new = 0  # not started (every policy)
+        self._min_new_tokens = 1 << 62  # the least any new trajectory's admission can need
+        self.lengths = SiblingLengths()
+        fraction = self.config.tail_kv_fraction
+        self.tail = (
+            TailEngines(self.ledger, self.capacity_tokens, fraction)
+            if fraction is not None and self._incremental()
+            else None
+        )
+        self.num_tail_moves = 0
         self._new_by_engine: list[deque[Hashable]] = [deque() for _ in capacity_tokens]  # static
         self._ready: dict[Hashable, None] = {}  # started and WAITING, in the order they got ready
         self.num_running = [0] * self.num_engines
@@ -180,17 +222,32 @@ class Scheduler:
 
     # -- events --------------------------------------------------------------------------------
 
-    def add(self, key: Hashable, prompt_tokens: int, max_response_tokens: int) -> None:
+    def add(
+        self,
+        key: Hashable,
+        prompt_tokens: int,
+        max_response_tokens: int,
+        group: Hashable = None,
+    ) -> None:
+        """A trajectory to run; `group`: its prompt (the samples of one prompt are siblings,
+        whose lengths predict each other's); None: a group of its own."""
         if key in self.slots:
             raise ValueError(f"trajectory {key!r} added twice")
-        slot = Slot(key, prompt_tokens, max_response_tokens, num_tokens=prompt_tokens)
+        group = (key,) if group is None else group
+        slot = Slot(key, prompt_tokens, max_response_tokens, prompt_tokens, group)
         if self.config.policy == "kv" and not self._fits_anywhere_empty(slot):
             raise ValueError(
                 f"trajectory {key!r} needs {self._admit_tokens(slot)} KV tokens; the largest "
                 f"engine has {max(self.capacity_tokens)}"
             )
         self.slots[key] = slot
-        self._new.append(key)
+        self._min_new_tokens = min(self._min_new_tokens, self._admit_tokens(slot))
+        self.lengths.add(key, group)
+        self.num_new += 1
+        if self.config.policy == "kv" and self.config.admission == "predicted":
+            self._new_by_group.setdefault(group, deque()).append(key)
+        else:
+            self._new.append(key)
 
     def schedule(self) -> list[Dispatch]:
         """Move WAITING trajectories to RUNNING where the policy allows; one Dispatch each."""
@@ -223,6 +280,7 @@ class Scheduler:
         self._set_running(slot.home, -1)
         slot.num_tokens = num_tokens
         slot.step_cap = None
+        self.lengths.update(key, num_tokens - slot.prompt_tokens)
         if next_status is Status.DONE:
             self._finish(slot)
             return
@@ -240,7 +298,9 @@ class Scheduler:
     def on_tool_done(self, key: Hashable, num_tokens: int) -> None:
         slot = self._expect(key, Status.TOOL)
         slot.num_tokens = num_tokens
+        self.lengths.update(key, num_tokens - slot.prompt_tokens)
         slot.status = Status.WAITING
+        slot.after_tool = True
         self._ready[key] = None
         slot.ready_since = self._clock()
 
@@ -321,6 +381,13 @@ class Scheduler:
         at home to free room) move to the engine with the most free KV; None: keep waiting."""
         need, home = self._admit_tokens(slot), slot.home
         held = self.ledger.holding(slot.key)
+        tail = self._tail_engine(slot, need, held.num_tokens if held else 0)
+        if tail is not None and tail != home:
+            self.ledger.release(slot.key)
+            self.ledger.reserve(slot.key, tail, need)
+            self._migrate(slot, tail)
+            self.num_tail_moves += 1
+            return tail
         lighter = self._lighter_engine(slot, need, held.num_tokens if held else 0)
         if lighter is not None:
             self.ledger.release(slot.key)
@@ -341,7 +408,7 @@ class Scheduler:
         self.ledger.release(slot.key)  # its cached prefix is given up either way
         if self.ledger.round_up(need) > self._max_free + (held.num_tokens if held else 0):
             return None  # fits nowhere; skip the scan (cheap with thousands waiting)
-        engine = self._most_free_fitting(need)
+        engine = self._most_free_fitting(need, exclude=self._closed_to(slot))
         if engine is None:
             return None
         self.ledger.reserve(slot.key, engine, need)
@@ -349,15 +416,35 @@ class Scheduler:
             self._migrate(slot, engine)
         return engine
 
+    def _is_long(self, slot: Slot) -> bool:
+        budget = slot.max_response_tokens
+        return TailEngines.is_long(self.lengths.predict(slot.key, budget), budget)
+
+    def _closed_to(self, slot: Slot) -> set[int]:
+        """Engines `slot` may not move or start on: tail engines, unless it is predicted long."""
+        if self.tail is None or not self.tail.engines or self._is_long(slot):
+            return set()
+        return self.tail.engines
+
+    def _tail_engine(self, slot: Slot, need: int, held_tokens: int) -> int | None:
+        """A trajectory predicted long, at a tool-call boundary, off the tail engines: the tail
+        engine to move to (None: stay)."""
+        if self.tail is None or not slot.after_tool or slot.home in self.tail.engines:
+            return None
+        if not self._is_long(slot):
+            return None
+        return self.tail.pick(need, slot.home, held_tokens, self._pending, self._below_cap)
+
     def _lighter_engine(self, slot: Slot, need: int, held_tokens: int) -> int | None:
         """Once nothing is left to admit: the least used engine that fits `slot` and would hold,
         with it, under `drain_balance` of the KV the others use at its home; None: stay."""
-        if self._new or self.config.drain_balance is None:
+        if self.num_new or self.config.drain_balance is None:
             return None
+        closed = self._closed_to(slot)
         others_home = self.ledger.used(slot.home) - held_tokens
         best, best_used = None, None
         for e in range(self.num_engines):
-            if e == slot.engine or not self._below_cap(e):
+            if e == slot.engine or e in closed or not self._below_cap(e):
                 continue
             used = self.ledger.used(e)
             if self.ledger.round_up(need) > self.ledger.free(e) - self._pending[e]:
@@ -392,11 +479,15 @@ class Scheduler:
             return slot.home
         return self._most_free_fitting(need)
 
-    def _most_free_fitting(self, need: int, owed: list[int] | None = None) -> int | None:
+    def _most_free_fitting(
+        self, need: int, owed: list[int] | None = None, exclude: set[int] | None = None
+    ) -> int | None:
         """The engine with the most free KV (less what is `owed` to waiting trajectories homed
         there) that fits `need`; ties go to the engine with fewer requests in flight."""
         best, best_rank = None, None
         for e in range(self.num_engines):
+            if exclude and e in exclude:
+                continue
             room = self.ledger.free(e) - (owed[e] if owed else 0)
             if self.ledger.round_up(need) > room or not self._below_cap(e):
                 continue
@@ -406,17 +497,72 @@ class Scheduler:
         return best
 
     def _admit_kv(self) -> list[Dispatch]:
-        out = []
+        """Start new trajectories in `admission` order while the next one fits somewhere."""
+        if not self.num_new:
+            return []
         owed = self._pending if self._incremental() else None
+        room = max(self.ledger.free(e) - (owed[e] if owed else 0) for e in range(self.num_engines))
+        if self.ledger.round_up(self._min_new_tokens) > room:
+            return []  # not even the smallest new trajectory fits anywhere
+        if self.config.admission == "predicted":
+            return self._admit_predicted(owed)
+        out = []
         while self._new:
             slot = self.slots[self._new[0]]
-            engine = self._most_free_fitting(self._admit_tokens(slot), owed)
+            engine = self._new_engine(slot, owed)
             if engine is None:
                 break  # NOTE: strict data order: a later, smaller trajectory never jumps the queue
             self._new.popleft()
-            self.ledger.reserve(slot.key, engine, self._admit_tokens(slot))
             out.append(self._start(slot, engine))
         return out
+
+    def _admit_predicted(self, owed: list[int] | None) -> list[Dispatch]:
+        """`_admit_kv` in predicted order: the group ranked first (`_admit_rank`) starts its
+        next sample, while that one fits somewhere (no later, smaller one jumps the queue)."""
+        out = []
+        groups = self._new_by_group
+        order = [(self._admit_rank(g), i, g) for i, g in enumerate(groups) if groups[g]]
+        heapq.heapify(order)
+        while order:
+            _, i, group = order[0]
+            slot = self.slots[groups[group][0]]
+            engine = self._new_engine(slot, owed)
+            if engine is None:
+                break
+            groups[group].popleft()
+            out.append(self._start(slot, engine))
+            if groups[group]:
+                heapq.heapreplace(order, (self._admit_rank(group), i, group))
+            else:
+                heapq.heappop(order)
+        return out
+
+    def _new_engine(self, slot: Slot, owed: list[int] | None) -> int | None:
+        """Where a new trajectory starts (its reservation made): a tail engine with room if it
+        is predicted long, else the engine with the most free KV; None: it fits nowhere now."""
+        need, engine = self._admit_tokens(slot), None
+        if self.tail is not None and self.tail.engines and self._is_long(slot):
+            fits = [
+                e
+                for e in self.tail.engines
+                if self.tail.has_room(e, need, self._pending[e], self._below_cap(e))
+            ]
+            engine = min(fits, key=self.ledger.used) if fits else None
+        if engine is None:
+            engine = self._most_free_fitting(need, owed, self._closed_to(slot))
+        if engine is not None:
+            self.ledger.reserve(slot.key, engine, need)
+        return engine
+
+    def _admit_rank(self, group: Hashable) -> tuple[int, float, int]:
+        """Which group's next sample starts first (smallest first): a group none of whose
+        samples has produced anything (to learn its length), then the longest predicted, ties
+        to the group with the fewest started (so the first wave spreads over all prompts)."""
+        started = self.lengths.num_started(group)
+        predicted = self.lengths.group_median(group)
+        if predicted is None:
+            return (0, 0.0, started)
+        return (1, -predicted, started)
 
     def _split_static(self) -> None:
         # NOTE: contiguous chunks, as verl splits a batch over its rollout workers: the samples
@@ -455,11 +601,14 @@ class Scheduler:
 
     def _start(self, slot: Slot, engine: int) -> Dispatch:
         slot.started = True
+        self.num_new -= 1
+        self.lengths.update(slot.key, 0)
         slot.engine = engine
         self.num_active[engine] += 1
         return self._dispatch(slot, engine)
 
     def _dispatch(self, slot: Slot, engine: int) -> Dispatch:
+        slot.after_tool = False
         slot.status = Status.RUNNING
         self._set_running(engine, +1)
         return Dispatch(slot.key, engine, self._gen_tokens(slot))
@@ -476,8 +625,11 @@ class Scheduler:
         self.ledger.release(slot.key)
         if slot.started:
             self.num_active[slot.home] -= 1
+            self.lengths.update(slot.key, slot.num_tokens - slot.prompt_tokens, done=True)
         else:  # finished before it ever ran (e.g. cancelled): drop it from the new queues
-            for queue in (self._new, *self._new_by_engine):
+            self.num_new -= 1
+            by_group = self._new_by_group.get(slot.group, deque())
+            for queue in (self._new, *self._new_by_engine, by_group):
                 if slot.key in queue:
                     queue.remove(slot.key)
         slot.status = Status.DONE

@@ -411,3 +411,85 @@ def test_kv_beats_static_on_a_long_tail_in_fake_time():
     # static: engine 0 runs key 0 (300) then its share 1..5 (5 x 20) -> 400;
     # kv: engine 1 takes every short one while engine 0 runs key 0 -> 300.
     assert (ends["kv"], ends["static"]) == (300.0, 400.0)
+
+
+# -- predicted lengths: admission order and tail engines -------------------------------------------
+
+
+def test_predicted_admission_spreads_the_first_wave_then_starts_the_longest_group_first():
+    s = make([700], kv_mode="incremental", step_tokens=100, admission="predicted")
+    for g in "ab":
+        for i in range(3):
+            s.add((g, i), 100, 400, group=g)  # each start reserves 100 + 100
+    # nothing known yet: one sample of every prompt before a second of any (data order would
+    # start a0 a1 a2)
+    assert [d.key for d in s.schedule()] == [("a", 0), ("b", 0), ("a", 1)]
+    s.on_generated(("a", 0), 150, Status.DONE)  # a's first sample stopped at 50 tokens
+    s.on_generated(("b", 0), 200, Status.WAITING)  # b's is at 100 and still going
+    # predicted: a's median 50 (its one finished sample sits at share 1/2); b's at least 100.
+    # b0 continues first (300 reserved), then b's next sample starts before a's: 200 + 300 + 200
+    assert [d.key for d in s.schedule()] == [("b", 0), ("b", 1)]
+    assert s.ledger.used(0) == 700
+
+
+def _tail_setup():
+    s = make(
+        [2000, 2000],
+        kv_mode="incremental",
+        step_tokens=100,
+        tail_kv_fraction=0.5,
+        drain_balance=None,
+        migrate_after_s=1e9,
+    )
+    for i in range(3):
+        s.add(("g", i), 100, 400, group="g")
+    s.add("x", 100, 400)
+    engine_of = {d.key: d.engine for d in s.schedule()}
+    assert engine_of[("g", 2)] == 0 and engine_of["x"] == 1
+    s.on_generated(("g", 0), 480, Status.DONE)  # both siblings ran to 380 of their 400 tokens
+    s.on_generated(("g", 1), 480, Status.DONE)
+    s.ledger.force_reserve("filler", 0, 800)  # engine 0 is the busier one
+    return s
+
+
+def test_a_trajectory_predicted_long_moves_to_a_tail_engine_at_its_tool_call():
+    s = _tail_setup()
+    s.on_generated(("g", 2), 150, Status.TOOL)
+    s.on_tool_done(("g", 2), 170)  # siblings at 380: predicted ~380 >= 3/4 of its 400
+    # engine 1 (the less used) becomes a tail engine; g2 moves there and re-prefills its context
+    assert keys_engines(s.schedule()) == [(("g", 2), 1)]
+    assert s.tail.engines == {1} and s.num_tail_moves == 1 and s.num_migrations == 1
+    assert s.ledger.used(1) == 200 + 270 and s.ledger.used(0) == 800  # x + (170 + 100); filler
+    s.add("new", 100, 400)  # nothing known of it: not long, so not onto the tail engine
+    assert keys_engines(s.schedule()) == [("new", 0)]  # though engine 1 has more free KV
+
+
+def test_a_trajectory_predicted_long_stays_at_a_step_boundary():
+    s = _tail_setup()
+    s.on_generated(("g", 2), 200, Status.WAITING)  # its request was cut by the step, mid-turn
+    assert keys_engines(s.schedule()) == [(("g", 2), 0)]
+    assert s.num_tail_moves == 0 and not s.tail.engines
+
+
+@pytest.mark.parametrize("tail_kv_fraction", [None, 1.0])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_predicted_admission_and_tail_engines_never_over_commit_and_finish(seed, tail_kv_fraction):
+    rng = random.Random(seed)
+    caps = [rng.choice([600, 900, 1200]) for _ in range(8)]
+    s = make(
+        caps,
+        kv_mode="incremental",
+        step_tokens=64,
+        kv_overcommit=1.1,
+        admission="predicted",
+        tail_kv_fraction=tail_kv_fraction,
+    )
+    scripts = {}
+    for k in range(48):  # 8 prompts x 6 samples; a prompt's turns share their length
+        turn = [20, 60, 200][k // 6 % 3]
+        num_turns = rng.randint(1, 4)
+        scripts[k] = [(turn, "tool" if i + 1 < num_turns else "stop") for i in range(num_turns)]
+        s.add(k, rng.randint(20, 150), 400, group=k // 6)
+    run_script(s, scripts)
+    assert s.all_done and all(s.ledger.used(e) == 0 for e in range(8))
+    assert all(s.ledger.max_used_tokens[e] <= int(c * 1.1) for e, c in enumerate(caps))

@@ -1,0 +1,354 @@
+"""Part (b) of benchmarks/scheduler.py: the simulated cluster, its tables, targets and JSON.
+
+Per workload seed, every selected policy (`scheduler.POLICIES`) runs through `scheduler_sim`;
+each row is set against:
+- the work bound (`lower_bound_s`): total work / total capacity, every token at the cheapest
+  per-token cost the KV and `max_num_seqs` allow, no engine ever idle;
+- the critical path (`lower_bound_s`): the slowest trajectory alone on an engine, from its first
+  prefill to its last token: prompt and tool answers prefilled, every token decoded at batch 1,
+  every tool call's latency waited in full;
+- the step floor (`step_floor_s`, an estimate, not a bound);
+- the start-limited bound of its own run (`SimResult.start_bound_s`): had every trajectory run
+  alone from the moment this policy started it. The time above it was lost to sharing engines;
+  the time between it and the bounds, to starting late.
+Then the issue's targets (`TARGETS`) for the default policy (`SchedulerConfig()`'s) and the
+other incremental rows, each printed as met or NOT met; partial rollout (`partial_rollout`),
+which trains on tokens up to a step old and is therefore reported apart; and, with `--json FILE`,
+all of it as one JSON object (`write_json`).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+TARGETS = {
+    "max_bound_ratio": 1.15,  # makespan / max(work bound, critical path), at most
+    "min_least_requests_ratio": 1.25,  # least-requests' makespan / ours, at least
+    "max_migration_overhead_share": 0.02,  # re-prefill for moves / all engine work, at most
+    "min_length_spearman": 0.6,  # predicted vs true lengths, at least
+}
+# the rows the targets are checked on (the default is one of them)
+CANDIDATES = ("kv-incremental", "kv-predicted", "kv-tail")
+
+
+def run_sims(args, cost) -> None:
+    """Part (b): every seed, the summary across seeds, the targets, partial rollout, JSON."""
+    from scheduler import default_label
+
+    seeds = [int(x) for x in args.sim_seeds.split(",")]
+    records: list[dict] = []
+    for seed in seeds:
+        print(f"\n== (b) workload seed {seed}", flush=True)
+        records += run_sim(args, cost, seed)
+    if len(seeds) > 1:
+        print_across_seeds(records, seeds)
+    default = default_label()
+    checks = check_targets(records, default)
+    print_targets(checks, default)
+    partial = run_partial(args, cost, seeds, records, default) if args.sim_partial else None
+    if args.json:
+        write_json(Path(args.json), args, cost, records, checks, partial, default)
+
+
+def run_sim(args, cost, seed: int) -> list[dict]:
+    """Simulate every selected policy on one workload; print the tables; one record per row."""
+    from scheduler import _sched_config, _selected
+    from scheduler_sim import lower_bound_s, make_workload, order_groups, simulate, step_floor_s
+
+    work = make_workload(args.sim_prompts, args.sim_samples, args.sim_max_response, seed)
+    work = order_groups(work, args.sim_samples, args.sim_order, args.sim_max_response)
+    work_lb, path_lb = lower_bound_s(
+        work, args.sim_engines, args.sim_kv_tokens, args.sim_max_response, cost, args.sim_max_seqs
+    )
+    floor = step_floor_s(work, args.sim_engines, args.sim_max_response, cost)
+    results = {}
+    for name in _selected(args):
+        config = _sched_config(args, name, args.sim_max_seqs)
+        start = time.perf_counter()
+        results[name] = simulate(
+            work,
+            config,
+            args.sim_engines,
+            args.sim_kv_tokens,
+            args.sim_max_response,
+            cost,
+            args.sim_max_seqs,
+        )
+        wall_s = time.perf_counter() - start
+        print(
+            f"  simulated {name}: {results[name].makespan_s:.1f} s ({wall_s:.0f} s wall)",
+            flush=True,
+        )
+    records = [
+        _record(seed, name, r, work_lb, path_lb, floor[0], results) for name, r in results.items()
+    ]
+    _print_header(args, cost, seed, work_lb, path_lb, floor)
+    _print_rows(records, results)
+    return records
+
+
+def _record(seed, name, r, work_lb, path_lb, floor_s, results) -> dict:
+    def ratio(base: str) -> float | None:
+        return results[base].makespan_s / r.makespan_s if base in results else None
+
+    return {
+        "seed": seed,
+        "policy": name,
+        "makespan_s": r.makespan_s,
+        "work_bound_s": work_lb,
+        "critical_path_s": path_lb,
+        "step_floor_s": floor_s,
+        "start_bound_s": r.start_bound_s,
+        "least_requests_ratio": ratio("least-requests"),
+        "static_ratio": ratio("static"),
+        "migration_overhead_share": r.migration_overhead_share,
+        "num_migrations": r.num_migrations,
+        "num_preemptions": r.num_preemptions,
+        "idle_fraction": r.idle_fraction,
+        "mean_kv_use": r.mean_kv_use,
+        "length_spearman": r.length_spearman,
+        "num_predicted": r.num_predicted,
+    }
+
+
+def _print_header(args, cost, seed, work_lb, path_lb, floor) -> None:
+    from scheduler_sim import GPUS
+
+    floor_s, floor_tokens, num_floor = floor
+    print(
+        f"\n(b) simulated: {args.sim_engines} engines, one per {GPUS[args.sim_gpu].name}, "
+        f"Qwen3-14B bf16; {args.sim_prompts} prompts x {args.sim_samples} rollouts (workload seed "
+        f"{seed}), responses up to {args.sim_max_response} tokens; KV {args.sim_kv_tokens} "
+        f"tokens/engine ({args.sim_kv_source}); max_num_seqs {args.sim_max_seqs}; kv step "
+        f"{args.step_tokens} tokens; drain balance {args.drain_balance}; kv over-commit "
+        f"{args.kv_overcommit}; prompt order {args.sim_order}"
+    )
+    print(
+        f"cost ({args.sim_cost_source}): step = {cost.a_s * 1e3:.2f} ms + {cost.b_s * 1e6:.1f} us x "
+        f"batch + {cost.c_s * 1e9:.1f} ns x context tokens; prefill {cost.p_s * 1e6:.1f} us/token"
+    )
+    print(
+        f"work bound (total work / total capacity) {work_lb:.1f} s; critical path (the slowest "
+        f"trajectory alone on an engine: batch 1, its tool calls waited) {path_lb:.1f} s; max "
+        f"{max(work_lb, path_lb):.1f} s"
+    )
+    print(
+        f"step floor (estimate, not a bound; scheduler_sim.step_floor_s): {floor_s:.1f} s = "
+        f"{floor_tokens} decode steps x {cost.a_s * 1e3:.2f} ms on every engine "
+        f"({num_floor} trajectories decode >= {floor_tokens} tokens, >= 1 per engine) + "
+        f"each engine's share of the per-token work"
+    )
+
+
+def _print_rows(records: list[dict], results: dict) -> None:
+    def fmt(x: float | None, spec: str, suffix: str = "") -> str:
+        return "-" if x is None else f"{x:{spec}}{suffix}"
+
+    header = ["policy", "makespan s", "x max bd", "x floor", "start bd s", "idle frac"]
+    header += ["preempt", "KV mean", "moves", "move work", "rho", "static/x", "least-req/x"]
+    table = []
+    for rec in records:
+        bound = max(rec["work_bound_s"], rec["critical_path_s"])
+        table.append(
+            [
+                rec["policy"],
+                f"{rec['makespan_s']:.1f}",
+                f"{rec['makespan_s'] / bound:.3f}",
+                f"{rec['makespan_s'] / rec['step_floor_s']:.3f}",
+                f"{rec['start_bound_s']:.1f}",
+                f"{rec['idle_fraction']:.3f}",
+                str(rec["num_preemptions"]),
+                f"{rec['mean_kv_use']:.2f}",
+                str(rec["num_migrations"]),
+                f"{100 * rec['migration_overhead_share']:.2f}%",
+                fmt(rec["length_spearman"], ".3f"),
+                fmt(rec["static_ratio"], ".2f", "x"),
+                fmt(rec["least_requests_ratio"], ".2f", "x"),
+            ]
+        )
+    _print_table(header, table)
+    print(
+        "start bd: had each trajectory run alone from when it started; move work: re-prefill on "
+        "the engine a trajectory moved to, as a share of all engine work; rho: Spearman of the "
+        "predicted and true response lengths of each prompt's samples still unfinished when its "
+        "first sample finished"
+    )
+    print(
+        "\nwhere the time goes: when 50/90/99% of trajectories were done; the share of the makespan"
+        "\nafter 90%; the last trajectory to finish: when it started and its own batch-1 time;"
+        "\nper tenth of the makespan: busy fraction of engine time, and mean batch while busy"
+    )
+    header = ["policy", "t50/t90/t99 s", "after t90", "last: start/own s", "busy by tenth"]
+    header.append("batch by tenth")
+    table = [
+        [
+            name,
+            "/".join(f"{r.done_at(f):.0f}" for f in (0.5, 0.9, 0.99)),
+            f"{1 - r.done_at(0.9) / r.makespan_s:.0%}",
+            f"{r.last_start_s:.0f}/{r.last_own_s:.0f}",
+            " ".join(f"{x:.2f}" for x in r.busy_by_tenth),
+            " ".join(f"{x:.0f}" for x in r.batch_by_tenth),
+        ]
+        for name, r in results.items()
+    ]
+    _print_table(header, table)
+
+
+def print_across_seeds(records: list[dict], seeds: list[int]) -> None:
+    """Makespans per seed; ratios of the mean makespans, then the lowest and highest per seed."""
+    by = {(r["policy"], r["seed"]): r["makespan_s"] for r in records}
+    names = list(dict.fromkeys(r["policy"] for r in records))
+    mean = {n: sum(by[n, x] for x in seeds) / len(seeds) for n in names}
+    print(
+        f"\n(b) across workload seeds {','.join(map(str, seeds))}: makespan s per seed; the ratios "
+        "are of the mean makespans, then the lowest and highest per-seed ratio"
+    )
+
+    def ratios(n: str, base: str) -> str:
+        if base not in mean:
+            return "-"
+        per_seed = [by[base, x] / by[n, x] for x in seeds]
+        return f"{mean[base] / mean[n]:.2f}x ({min(per_seed):.2f}-{max(per_seed):.2f})"
+
+    header = ["policy", *(f"seed {x}" for x in seeds), "mean s", "static/x", "least-req/x"]
+    table = [
+        [n, *(f"{by[n, x]:.1f}" for x in seeds), f"{mean[n]:.1f}"]
+        + [ratios(n, "static"), ratios(n, "least-requests")]
+        for n in names
+    ]
+    _print_table(header, table)
+
+
+def check_targets(records: list[dict], default: str) -> list[dict]:
+    """The issue's targets on each candidate row and seed: value, target, met."""
+    out = []
+    for rec in records:
+        if rec["policy"] not in (*CANDIDATES, default):
+            continue
+        bound = max(rec["work_bound_s"], rec["critical_path_s"])
+        values = {
+            "max_bound_ratio": rec["makespan_s"] / bound,
+            "min_least_requests_ratio": rec["least_requests_ratio"],
+            "max_migration_overhead_share": rec["migration_overhead_share"],
+            "min_length_spearman": rec["length_spearman"],
+        }
+        for target, value in values.items():
+            limit = TARGETS[target]
+            met = value is not None and (
+                value <= limit if target.startswith("max") else value >= limit
+            )
+            out.append(
+                {"policy": rec["policy"], "seed": rec["seed"], "target": target, "value": value,
+                 "limit": limit, "met": met}
+            )  # fmt: skip
+    return out
+
+
+def print_targets(checks: list[dict], default: str) -> None:
+    print(
+        f"\n(b) the issue's targets, per seed (default policy: {default}); a value that could not "
+        "be measured (its baseline not run) counts as not met"
+    )
+    names = {
+        "max_bound_ratio": "makespan / max(work bd, crit path) <= 1.15",
+        "min_least_requests_ratio": "least-requests / makespan >= 1.25",
+        "max_migration_overhead_share": "move re-prefill / all work <= 2%",
+        "min_length_spearman": "Spearman(predicted, true length) >= 0.6",
+    }
+    header = ["policy", "target", "values per seed", "met"]
+    table = []
+    for policy in dict.fromkeys(c["policy"] for c in checks):
+        for target, text in names.items():
+            rows = [c for c in checks if c["policy"] == policy and c["target"] == target]
+            values = " ".join("-" if c["value"] is None else f"{c['value']:.3f}" for c in rows)
+            met = "met" if all(c["met"] for c in rows) else "NOT met"
+            label = f"{policy} (default)" if policy == default else policy
+            table.append([label, text, values, met])
+    _print_table(header, table)
+
+
+def run_partial(args, cost, seeds: list[int], records: list[dict], default: str) -> dict:
+    """Partial rollout with the default policy: steps whose fresh prompts are those of workload
+    seeds `seeds` in turn, against the whole-batch makespan of each seed."""
+    from partial_rollout import simulate_partial
+    from scheduler import _sched_config
+
+    config = _sched_config(args, default, args.sim_max_seqs)
+    steps = simulate_partial(
+        args.sim_prompts, args.sim_samples, args.sim_max_response, seeds[0], len(seeds),
+        args.sim_partial, config, args.sim_engines, args.sim_kv_tokens, cost, args.sim_max_seqs,
+    )  # fmt: skip
+    whole = {r["seed"]: r["makespan_s"] for r in records if r["policy"] == default}
+    print(
+        f"\n(b) partial rollout, {default}, separate from the above (it trains on tokens up to a "
+        f"step old): each step starts {args.sim_partial:.0%} more prompt groups than the "
+        f"{args.sim_prompts} it needs, ends once {args.sim_prompts} groups are whole, and carries "
+        "the unfinished samples into the next (re-prefilled there); step k's fresh prompts are "
+        "workload seed k's, so it is set against that seed's whole-batch makespan. Step 0 has "
+        "nothing carried in, so the later steps show the steady state."
+    )
+    header = ["step", "seed", "step s", "whole batch s", "whole/step", "carried out", "old tokens"]
+    header.append("move work")
+    rows, out = [], []
+    for k, (seed, step) in enumerate(zip(seeds, steps, strict=True)):
+        base = whole.get(seed)
+        rows.append(
+            [str(k), str(seed), f"{step.makespan_s:.1f}", "-" if base is None else f"{base:.1f}",
+             "-" if base is None else f"{base / step.makespan_s:.2f}x", str(step.num_carried),
+             f"{step.off_policy_share:.1%}", f"{100 * step.migration_overhead_share:.2f}%"]
+        )  # fmt: skip
+        out.append({"step": k, "seed": seed, "whole_batch_s": base, **vars(step)})
+    _print_table(header, rows)
+    print(
+        "old tokens: share of the decoded tokens of the step's whole groups made in an earlier step"
+    )
+    return {"policy": default, "over_provision": args.sim_partial, "steps": out}
+
+
+def write_json(path: Path, args, cost, records, checks, partial, default: str) -> None:
+    from scheduler_sim import GPUS
+
+    doc = {
+        "gpu": GPUS[args.sim_gpu].name,
+        "engines": args.sim_engines,
+        "prompts": args.sim_prompts,
+        "samples": args.sim_samples,
+        "max_response_tokens": args.sim_max_response,
+        "kv_tokens_per_engine": args.sim_kv_tokens,
+        "max_num_seqs": args.sim_max_seqs,
+        "prompt_order": args.sim_order,
+        "cost": vars(cost),
+        "default_policy": default,
+        "definitions": {
+            "work_bound_s": "total work / total capacity: every token at the cheapest per-token "
+            "cost the KV and max_num_seqs allow, every prompt and tool answer prefilled once, "
+            "no engine idle",
+            "critical_path_s": "the slowest trajectory alone on an engine: prompt and tool "
+            "answers prefilled, every token decoded at batch 1, every tool call waited in full",
+            "step_floor_s": "estimate, not a bound: the num_engines-th longest decode count x "
+            "the fixed step cost, plus each engine's share of the per-token work",
+            "start_bound_s": "had every trajectory of this run run alone from when it started",
+            "least_requests_ratio": "least-requests' makespan / this makespan",
+            "migration_overhead_share": "time re-prefilling contexts on the engines trajectories "
+            "moved to / all engines' busy time",
+            "length_spearman": "Spearman rank correlation of predicted and true response lengths "
+            "over each prompt's samples still unfinished when its first sample finished",
+        },
+        "targets": TARGETS,
+        "runs": records,
+        "target_checks": checks,
+        "partial_rollout": partial,
+    }
+    path.write_text(json.dumps(doc, indent=1) + "\n")
+    print(f"\nwrote {path}")
+
+
+def _print_table(header, rows) -> None:
+    widths = [max(len(str(x)) for x in col) for col in zip(header, *rows, strict=False)]
+    line = lambda cells: "  ".join(str(c).rjust(w) for c, w in zip(cells, widths, strict=False))  # noqa: E731
+    print(line(header))
+    print("  ".join("-" * w for w in widths))
+    for row in rows:
+        print(line(row))
