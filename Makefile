@@ -32,7 +32,7 @@ lint: install
 bench: install
 	$(BIN)/python benchmarks/sandbox.py
 	$(BIN)/python benchmarks/grading.py
-	$(BIN)/python benchmarks/scheduler.py
+	$(BIN)/python benchmarks/scheduler_bench.py
 	$(BIN)/python benchmarks/weight_sync_speed.py
 	$(BIN)/python benchmarks/train_memory.py
 

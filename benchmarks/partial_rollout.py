@@ -12,8 +12,8 @@ shorter step bought this way trains on older tokens. Groups that finish fastest 
 ones, so each step also leans towards easier prompts than the data (not measured here).
 
 What it does not do: the training side (which groups a trainer takes, importance weights for
-the old tokens) or the real driver (`rstar2cli.scheduler.rollout` runs whole batches); this is a
-simulation for benchmarks/scheduler.py part (b). Tested in tests/unit/test_scheduler_sim.py.
+the old tokens) or the real driver (`rstar2cli.scheduler.driver` runs whole batches); this is a
+simulation for benchmarks/scheduler_bench.py part (b). Tested in tests/unit/test_scheduler_sim.py.
 """
 
 from __future__ import annotations

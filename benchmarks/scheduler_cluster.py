@@ -1,4 +1,4 @@
-"""Part (b) of benchmarks/scheduler.py: the simulated cluster, its tables, targets and JSON.
+"""Part (b) of benchmarks/scheduler_bench.py: the simulated cluster, its tables, targets and JSON.
 
 Per workload seed, every selected policy (`scheduler.POLICIES`) runs through `scheduler_sim`;
 each row is set against:

@@ -1,6 +1,6 @@
 """A discrete-event model of rollout engines, driven by the real `Scheduler` (cluster scale).
 
-Used by benchmarks/scheduler.py part (b). Each simulated engine behaves like vLLM's scheduler in
+Used by benchmarks/scheduler_bench.py part (b). Each simulated engine behaves like vLLM's scheduler in
 the ways that matter here: continuous batching (requests join and leave between steps), a KV
 capacity in tokens, recompute preemption when the running batch outgrows it (the newest request
 loses its KV and is re-prefilled later, prompt + everything generated so far; the prefill stalls

@@ -4,7 +4,7 @@ A job turns problems into graded trajectory records:
 
     make_items      sample s = 0..n-1 of every problem, pairs already done skipped
     run_rollout     the KV-aware scheduler, the agent loop and the tools on the engines
-                    (`rstar2cli.scheduler.rollout`)
+                    (`rstar2cli.scheduler.driver`)
     GradedSink      the paper's binary reward, read from the model's own text only, then the rows
                     go to the caller's writer
 
@@ -192,7 +192,7 @@ async def rollout_and_grade(
 ) -> Any:
     """Roll `items` out on running engines into `sink` (flushed at the end); `on_record` is told
     of each finished record too. Returns the driver's `RolloutStats`."""
-    from rstar2cli.scheduler.rollout import run_rollout
+    from rstar2cli.scheduler.driver import run_rollout
 
     def take(record: dict[str, Any]) -> None:
         sink.add(record)
@@ -234,7 +234,7 @@ def run_command_job(
     progress line, everything shut down. Returns `RolloutStats`; raises `Interrupted` on
     Ctrl-C / SIGTERM after writing what had finished."""
     from rstar2cli.agent.loop import make_tool_runner
-    from rstar2cli.scheduler.rollout import rollout_session
+    from rstar2cli.scheduler.driver import rollout_session
 
     stop = StopSignals()
 

@@ -13,7 +13,7 @@ again, until a stop rule fires:
 
 `Trajectory` is a synchronous state machine: the caller sends it engine outputs
 (`on_generated`) and tool results (`on_tool_result`) and reads what to do next (`Next`). Who
-generates where and when is the scheduler's business (`rstar2cli.scheduler.rollout`);
+generates where and when is the scheduler's business (`rstar2cli.scheduler.driver`);
 `run_trajectory` here is the plain sequential driver for one engine (tests, small evals).
 A generation cut short by `max_tokens` while budget is left (the scheduler's per-turn step) is
 continued as the same turn. History is never re-rendered: token ids are appended

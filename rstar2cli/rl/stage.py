@@ -237,7 +237,7 @@ class StageRun:
     async def run(self) -> Path:
         from rstar2cli.agent.loop import make_tool_runner
         from rstar2cli.reward.grader import Grader
-        from rstar2cli.scheduler.rollout import rollout_session
+        from rstar2cli.scheduler.driver import rollout_session
 
         self.stop.arm()  # Ctrl-C / SIGTERM: stop between awaits; a rerun resumes
         r = self.recipe

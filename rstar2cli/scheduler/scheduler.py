@@ -1,8 +1,8 @@
 """The rollout scheduler: which trajectory generates next, and on which engine.
 
 A small synchronous state machine over `Status` (vLLM v1 style); it does no I/O and knows nothing
-about tokens' content. The async driver (`rstar2cli.scheduler.rollout`) and the cluster simulator
-(`benchmarks/scheduler.py`) both feed it the same events:
+about tokens' content. The async driver (`rstar2cli.scheduler.driver`) and the cluster simulator
+(`benchmarks/scheduler_bench.py`) both feed it the same events:
 
     add(key)                      -> WAITING (not started)
     schedule() -> [Dispatch]      WAITING -> RUNNING on engine k (a generate request is sent)
@@ -47,7 +47,7 @@ sample of every prompt not yet seen (to learn its length), then by the group's p
 ties to the group with the fewest started, so the first wave spreads over all prompts. With
 `tail_kv_fraction` set (incremental mode), a trajectory predicted long moves at its next
 tool-call boundary to a tail engine kept at a low batch (`tail.TailEngines`), re-prefilling its
-context there. Both are measured against data order in benchmarks/scheduler.py (part b), where
+context there. Both are measured against data order in benchmarks/scheduler_bench.py (part b), where
 neither wins (its docstring says why), so both are off by default.
 Baselines admit without looking at KV; their reservations are still written to the ledger (with
 `force_reserve`, as `full` mode would) so statistics show how far they over-commit.

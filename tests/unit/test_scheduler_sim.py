@@ -1,4 +1,4 @@
-"""The cluster simulator behind benchmarks/scheduler.py part (b), on tiny scripted workloads:
+"""The cluster simulator behind benchmarks/scheduler_bench.py part (b), on tiny scripted workloads:
 what a move costs, and what a cut (partial rollout) carries into the next step.
 
 The cost model here is a round 10 ms per decode step and 1 ms per prefilled token, nothing else,

