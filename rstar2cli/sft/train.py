@@ -260,8 +260,11 @@ def run(recipe: SftRecipe, out: Path) -> Path:
                 _save(engine, ckpt_dir, step + 1, recipe.checkpoint.keep_last, rank)
     final = save_final(engine, tok, out, recipe, rank)
     dist.barrier()
-    # NOTE: a process group left to interpreter exit can abort the rank ("terminate called
-    # without an active exception": gloo's threads outlive it), which a launcher reports as a
-    # failed run
-    dist.destroy_process_group()
+    if world > 1:
+        # NOTE: several ranks come from a launcher and exit next; a process group left to
+        # interpreter exit can abort a rank ("terminate called without an active exception":
+        # gloo's threads outlive it), which the launcher reports as a failed run. One rank keeps
+        # it: `rstar2 quickstart` runs the next stages in this process, and DeepSpeed holds on
+        # to the group.
+        dist.destroy_process_group()
     return final
