@@ -509,12 +509,9 @@ def _ratio(makespans: dict[str, float], base: str, makespan_s: float) -> str:
 
 
 def _print_table(header, rows) -> None:
-    widths = [max(len(str(x)) for x in col) for col in zip(header, *rows, strict=False)]
-    line = lambda cells: "  ".join(str(c).rjust(w) for c, w in zip(cells, widths, strict=False))  # noqa: E731
-    print(line(header))
-    print("  ".join("-" * w for w in widths))
-    for row in rows:
-        print(line(row))
+    from scheduler_cluster import print_table
+
+    print_table(header, rows)
 
 
 def main() -> None:

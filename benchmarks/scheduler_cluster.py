@@ -35,7 +35,7 @@ CANDIDATES = ("kv-incremental", "kv-predicted", "kv-tail")
 
 def run_sims(args, cost) -> None:
     """Part (b): every seed, the summary across seeds, the targets, partial rollout, JSON."""
-    from scheduler import default_label
+    from scheduler_bench import default_label
 
     seeds = [int(x) for x in args.sim_seeds.split(",")]
     records: list[dict] = []
@@ -54,7 +54,7 @@ def run_sims(args, cost) -> None:
 
 def run_sim(args, cost, seed: int) -> list[dict]:
     """Simulate every selected policy on one workload; print the tables; one record per row."""
-    from scheduler import _sched_config, _selected
+    from scheduler_bench import _sched_config, _selected
     from scheduler_sim import lower_bound_s, make_workload, order_groups, simulate, step_floor_s
 
     work = make_workload(args.sim_prompts, args.sim_samples, args.sim_max_response, seed)
@@ -168,7 +168,7 @@ def _print_rows(records: list[dict], results: dict) -> None:
                 fmt(rec["least_requests_ratio"], ".2f", "x"),
             ]
         )
-    _print_table(header, table)
+    print_table(header, table)
     print(
         "start bd: had each trajectory run alone from when it started; move work: re-prefill on "
         "the engine a trajectory moved to, as a share of all engine work; rho: Spearman of the "
@@ -193,7 +193,7 @@ def _print_rows(records: list[dict], results: dict) -> None:
         ]
         for name, r in results.items()
     ]
-    _print_table(header, table)
+    print_table(header, table)
 
 
 def print_across_seeds(records: list[dict], seeds: list[int]) -> None:
@@ -218,7 +218,7 @@ def print_across_seeds(records: list[dict], seeds: list[int]) -> None:
         + [ratios(n, "static"), ratios(n, "least-requests")]
         for n in names
     ]
-    _print_table(header, table)
+    print_table(header, table)
 
 
 def check_targets(records: list[dict], default: str) -> list[dict]:
@@ -266,14 +266,14 @@ def print_targets(checks: list[dict], default: str) -> None:
             met = "met" if all(c["met"] for c in rows) else "NOT met"
             label = f"{policy} (default)" if policy == default else policy
             table.append([label, text, values, met])
-    _print_table(header, table)
+    print_table(header, table)
 
 
 def run_partial(args, cost, seeds: list[int], records: list[dict], default: str) -> dict:
     """Partial rollout with the default policy: steps whose fresh prompts are those of workload
     seeds `seeds` in turn, against the whole-batch makespan of each seed."""
     from partial_rollout import simulate_partial
-    from scheduler import _sched_config
+    from scheduler_bench import _sched_config
 
     config = _sched_config(args, default, args.sim_max_seqs)
     steps = simulate_partial(
@@ -300,7 +300,7 @@ def run_partial(args, cost, seeds: list[int], records: list[dict], default: str)
              f"{step.off_policy_share:.1%}", f"{100 * step.migration_overhead_share:.2f}%"]
         )  # fmt: skip
         out.append({"step": k, "seed": seed, "whole_batch_s": base, **vars(step)})
-    _print_table(header, rows)
+    print_table(header, rows)
     print(
         "old tokens: share of the decoded tokens of the step's whole groups made in an earlier step"
     )
@@ -345,7 +345,8 @@ def write_json(path: Path, args, cost, records, checks, partial, default: str) -
     print(f"\nwrote {path}")
 
 
-def _print_table(header, rows) -> None:
+def print_table(header, rows) -> None:
+    """Right-aligned columns under a dashed rule (both parts' tables)."""
     widths = [max(len(str(x)) for x in col) for col in zip(header, *rows, strict=False)]
     line = lambda cells: "  ".join(str(c).rjust(w) for c, w in zip(cells, widths, strict=False))  # noqa: E731
     print(line(header))

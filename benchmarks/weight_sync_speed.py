@@ -173,8 +173,8 @@ def main() -> None:
         num_params = _num_params(AutoConfig.from_pretrained(model))
         print(f"model: {num_params / 1e6:.1f}M params, {num_params * 4 / 2**20:.0f} MB fp32")
         ray.init(num_cpus=4, object_store_memory=2 * 2**30, include_dashboard=False)
-        cfg = RlTrainConfig(zero_stage=args.zero_stage, micro_batch_size=1)
-        trainers = RayTrainers(str(model), cfg, gas=1, num_ranks=1, ray_address="local")
+        cfg = RlTrainConfig(zero_stage=args.zero_stage)
+        trainers = RayTrainers(str(model), cfg, num_ranks=1, ray_address="local")
         engines = make_engines(
             str(model), 2, ray_address="local", kv_cache_tokens=2048, max_model_len=1024
         )

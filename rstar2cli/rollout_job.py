@@ -34,6 +34,7 @@ import asyncio
 import signal
 import time
 from collections.abc import Callable, Iterable
+from pathlib import Path
 from typing import Any
 
 from rstar2cli import protocol as P
@@ -221,57 +222,76 @@ def in_item_order(rows: list[dict[str, Any]], items: list[dict[str, Any]]) -> li
 
 def run_command_job(
     name: str,
+    console: Any,
+    out: Path,
+    items: list[dict[str, Any]],
+    fit: Any,
     start_engines: Callable[[], Any],
     tool_urls: list[str],
-    items: list[dict[str, Any]],
-    tokenizer: Any,
-    agent_config: Any,
     sched_config: Any,
-    sink: GradedSink,
-    console: Any,
-) -> Any:
-    """A one-shot command's run: engines and tools up, `items` rolled out into `sink` with a
-    progress line, everything shut down. Returns `RolloutStats`; raises `Interrupted` on
-    Ctrl-C / SIGTERM after writing what had finished."""
-    from rstar2cli.agent.loop import make_tool_runner
-    from rstar2cli.scheduler.driver import rollout_session
+    decorate: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+) -> tuple[Any, GradedSink]:
+    """A one-shot command's run: engines and tools up, `items` rolled out with a progress line,
+    graded rows (`decorate`d) appended to `out` as they finish, everything shut down. `fit` is the
+    pre-flight's `options.Fitted` (tokenizer, resolved arguments). Returns (`RolloutStats`, the
+    sink with its counts); raises `Interrupted` on Ctrl-C / SIGTERM after writing what had
+    finished."""
+    from rstar2cli.fileio import JsonlAppender
+    from rstar2cli.reward.grader import Grader
 
-    stop = StopSignals()
+    with Grader(num_workers=1, strict=True) as grader, JsonlAppender(out) as appender:
+        sink = GradedSink(grader, write=appender.write_batch, decorate=decorate)
+        agent_config = fit.args.agent_config(seed_base(fit.args.seed))
+        job = _CommandRun(name, console, items, fit.tokenizer, agent_config, sched_config, sink)
+        return job.run(start_engines, tool_urls), sink
 
-    async def main() -> Any:
-        stop.arm(sink.close_intake)
-        async with rollout_session(
-            start_engines,
-            make_tool_runner(tool_urls, timeout_s=agent_config.tool_timeout_s),
-        ) as (engines, tools):
-            with RolloutProgress(name, console, len(items)) as progress:
+
+class _CommandRun:
+    """The event loop of `run_command_job`, and what an interrupt leaves behind."""
+
+    def __init__(self, name, console, items, tokenizer, agent_config, sched_config, sink) -> None:
+        self.name, self.console, self.items = name, console, items
+        self.tokenizer, self.agent_config, self.sched_config = tokenizer, agent_config, sched_config
+        self.sink = sink
+        self.stop = StopSignals()
+
+    def run(self, start_engines: Callable[[], Any], tool_urls: list[str]) -> Any:
+        try:
+            return asyncio.run(self._main(start_engines, tool_urls))
+        except BaseException as exc:
+            if not self.stop.stopped(exc):
+                raise
+            self.sink.close_intake()
+            self.sink.flush()
+            raise Interrupted(
+                f"interrupted: {self.sink.num_written} finished trajectories kept, "
+                f"{len(self.items) - self.sink.num_written} not run; rerun the same command to "
+                "resume"
+            ) from None
+        finally:
+            self.stop.disarm()
+
+    async def _main(self, start_engines: Callable[[], Any], tool_urls: list[str]) -> Any:
+        from rstar2cli.agent.loop import make_tool_runner
+        from rstar2cli.scheduler.driver import rollout_session
+
+        self.stop.arm(self.sink.close_intake)
+        tools = make_tool_runner(tool_urls, timeout_s=self.agent_config.tool_timeout_s)
+        async with rollout_session(start_engines, tools) as (engines, batcher):
+            with RolloutProgress(self.name, self.console, len(self.items)) as progress:
                 stats = await rollout_and_grade(
                     engines,
-                    items,
-                    tokenizer,
-                    agent_config,
-                    sched_config,
-                    tools,
-                    sink,
+                    self.items,
+                    self.tokenizer,
+                    self.agent_config,
+                    self.sched_config,
+                    batcher,
+                    self.sink,
                     on_tick=progress.tick,
                     on_record=lambda _: progress.done(),
                 )
-            _report_engine_errors(console, engines)
+            _report_engine_errors(self.console, engines)
             return stats
-
-    try:
-        return asyncio.run(main())
-    except BaseException as exc:
-        if not stop.stopped(exc):
-            raise
-        sink.close_intake()
-        sink.flush()
-        raise Interrupted(
-            f"interrupted: {sink.num_written} finished trajectories kept, "
-            f"{len(items) - sink.num_written} not run; rerun the same command to resume"
-        ) from None
-    finally:
-        stop.disarm()
 
 
 def _report_engine_errors(console: Any, engines: list[Any]) -> None:

@@ -238,9 +238,7 @@ def _start_engines(plan: Any, fit: Any) -> list[Any]:
 
 
 def _run(console, plan, items, owner, label, sched, fit) -> None:
-    from rstar2cli.fileio import JsonlAppender
-    from rstar2cli.reward.grader import Grader
-    from rstar2cli.rollout_job import GradedSink, run_command_job, seed_base
+    from rstar2cli.rollout_job import run_command_job
 
     def decorate(record: dict[str, Any]) -> dict[str, Any]:
         return {
@@ -250,22 +248,17 @@ def _run(console, plan, items, owner, label, sched, fit) -> None:
             "num_response_tokens": len(record["response_ids"]),
         }
 
-    with (
-        Grader(num_workers=1, strict=True) as grader,
-        JsonlAppender(plan.out / RESULTS) as appender,
-    ):
-        sink = GradedSink(grader, write=appender.write_batch, decorate=decorate)
-        stats = run_command_job(
-            "eval",
-            lambda: _start_engines(plan, fit),
-            plan.sandbox_urls,
-            items,
-            fit.tokenizer,
-            fit.args.agent_config(seed_base(fit.args.seed)),
-            sched,
-            sink,
-            console,
-        )
+    stats, sink = run_command_job(
+        "eval",
+        console,
+        plan.out / RESULTS,
+        items,
+        fit,
+        lambda: _start_engines(plan, fit),
+        plan.sandbox_urls,
+        sched,
+        decorate=decorate,
+    )
     console.print(
         f"ran {sink.num_written} trajectories in {stats.makespan_s:.1f} s "
         f"({stats.tokens_per_s:.0f} generated tokens/s, {stats.num_tool_calls} tool calls); "

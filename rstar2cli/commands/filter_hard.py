@@ -107,27 +107,21 @@ def _paths(out: Path) -> dict[str, Path]:
 def _sample(
     console: Any, model: Path, args: O.RolloutArgs, fit: O.Fitted, items: list, paths: dict
 ) -> None:
-    from rstar2cli.fileio import JsonlAppender, write_json_atomic
-    from rstar2cli.reward.grader import Grader
-    from rstar2cli.rollout_job import GradedSink, run_command_job, seed_base
+    from rstar2cli.fileio import write_json_atomic
+    from rstar2cli.rollout_job import run_command_job
 
     spec = args.engine_spec(model)
-    with (
-        Grader(num_workers=1, strict=True) as grader,
-        JsonlAppender(paths["samples"]) as appender,
-    ):
-        sink = GradedSink(grader, write=appender.write_batch, decorate=_short_row)
-        stats = run_command_job(
-            "filter-hard",
-            lambda: spec.start(max_model_len=fit.max_model_len),
-            args.sandbox,
-            items,
-            fit.tokenizer,
-            args.agent_config(seed_base(args.seed)),
-            args.sched_config(),
-            sink,
-            console,
-        )
+    stats, sink = run_command_job(
+        "filter-hard",
+        console,
+        paths["samples"],
+        items,
+        fit,
+        lambda: spec.start(max_model_len=fit.max_model_len),
+        args.sandbox,
+        args.sched_config(),
+        decorate=_short_row,
+    )
     state = O.read_run_state(paths["stats"])
     state.update(
         makespan_s=stats.makespan_s,

@@ -81,25 +81,19 @@ def rollout(
 def _run(
     console: Any, model: Path, args: O.RolloutArgs, items: list, fit: O.Fitted, out: Path
 ) -> tuple[Any, Any]:
-    from rstar2cli.fileio import JsonlAppender
-    from rstar2cli.reward.grader import Grader
-    from rstar2cli.rollout_job import GradedSink, run_command_job, seed_base
+    from rstar2cli.rollout_job import run_command_job
 
     spec = args.engine_spec(model)
-    with Grader(num_workers=1, strict=True) as grader, JsonlAppender(out) as appender:
-        sink = GradedSink(grader, write=appender.write_batch)
-        stats = run_command_job(
-            "rollout",
-            lambda: spec.start(max_model_len=fit.max_model_len),
-            args.sandbox,
-            items,
-            fit.tokenizer,
-            args.agent_config(seed_base(args.seed)),
-            args.sched_config(),
-            sink,
-            console,
-        )
-    return stats, sink
+    return run_command_job(
+        "rollout",
+        console,
+        out,
+        items,
+        fit,
+        lambda: spec.start(max_model_len=fit.max_model_len),
+        args.sandbox,
+        args.sched_config(),
+    )
 
 
 def _report(
