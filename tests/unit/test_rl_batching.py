@@ -7,7 +7,7 @@ from pathlib import Path
 import torch
 
 from rstar2cli.recipe import load_recipe
-from rstar2cli.rl.stage import rollout_metrics, select
+from rstar2cli.rl.selection import rollout_metrics, select
 from rstar2cli.rl.stage_recipe import RlRecipe
 from rstar2cli.rl.trainer import (
     TrainSample,
