@@ -191,14 +191,15 @@ def moves_device_tensors(group: Any) -> bool:
     return type(group).__name__ == "ProcessGroupNCCL"
 
 
-def broadcast(group: Any, tensor: torch.Tensor) -> None:
-    """In place, from group rank 0."""
+def broadcast(group: Any, tensor: torch.Tensor) -> Any:
+    """In place, from group rank 0; returns the work in flight (`.wait()` before the buffer is
+    read, on the receivers, or rewritten, on the sender)."""
     import torch.distributed as dist
 
     opts = dist.BroadcastOptions()
     opts.rootRank = 0
     opts.rootTensor = 0
-    group.broadcast([tensor], opts).wait()
+    return group.broadcast([tensor], opts)
 
 
 def checksum(buffer: torch.Tensor) -> int:
@@ -267,30 +268,47 @@ def send_module(
 
     params = dict(module.named_parameters())
     sums: list[int] = []
-    scratch = empty_buffer(_largest(plan), plan.dtype, device) if group is not None else None
+    # two scratch buffers: bucket k+1 is gathered and packed while bucket k is on the wire
+    num_scratch = 2 if group is not None else 0
+    scratch = [empty_buffer(_largest(plan), plan.dtype, device) for _ in range(num_scratch)]
+    in_flight: list[Any] = [None, None]
     with torch.no_grad():
-        for bucket in plan.buckets:
+        for i, bucket in enumerate(plan.buckets):
             tensors = [params[s.name] for s in bucket]
             with _gathered(tensors, zero3):
                 if group is None:
                     continue
-                buffer = pack(tensors, bucket, scratch)
+                if in_flight[i % 2] is not None:
+                    in_flight[i % 2].wait()
+                buffer = pack(tensors, bucket, scratch[i % 2])
                 sums.append(checksum(buffer))
-                broadcast(group, buffer)
+                in_flight[i % 2] = broadcast(group, buffer)
+    for work in in_flight:
+        if work is not None:
+            work.wait()
     return combine(sums) if group is not None else None
 
 
 def receive(group: Any, plan: SyncPlan, device: Any, sums: list[int]) -> Iterator[tuple[str, Any]]:
-    """Named tensors as their buckets arrive (one buffer alive at a time while consumed in order);
-    appends each bucket's checksum to `sums`.
+    """Named tensors as their buckets arrive (two buffers alive at a time: the one consumed and
+    the next one arriving); appends each bucket's checksum to `sums`.
 
     NOTE: the caller must run this to the end, even if it stops needing tensors: the sender
     broadcasts every bucket, and a member that skips one leaves the group out of step.
     """
-    for bucket in plan.buckets:
+
+    def post(bucket: tuple[TensorSpec, ...]) -> tuple[Any, Any]:
         # NOTE: a fresh buffer per bucket: the loader may hold views of it until a layer is done
         buffer = empty_buffer(sum(s.numel for s in bucket), plan.dtype, device)
-        broadcast(group, buffer)
+        return buffer, broadcast(group, buffer)
+
+    # one bucket ahead: the next bucket arrives while the loader consumes this one
+    ahead = post(plan.buckets[0]) if plan.buckets else None
+    for i, bucket in enumerate(plan.buckets):
+        assert ahead is not None
+        buffer, work = ahead
+        work.wait()
+        ahead = post(plan.buckets[i + 1]) if i + 1 < len(plan.buckets) else None
         sums.append(checksum(buffer))
         yield from unpack(buffer, bucket)
 
