@@ -2,8 +2,9 @@
 
 Setup: a 102M-parameter Qwen3-style model built here (rstar2cli/data/tiny.py size "100m", random
 weights, fp32: 408 MB; nothing downloaded), one real DeepSpeed trainer rank as a Ray actor
-(rstar2cli/rl/workers.py RayTrainers; ZeRO stage `--zero-stage`), two vLLM-CPU engines as Ray
-actors, all on a local Ray instance, which is how rl-stage runs with `--ray-address local`.
+(rstar2cli/rl/workers.py RayTrainers; ZeRO stage `--zero-stage`), two vLLM-CPU engines
+(weights in `--engine-dtype`) as Ray actors, all on a local Ray instance, which is how rl-stage
+runs with `--ray-address local`.
 Both paths are rstar2cli/rl/sync.py's `WeightSync.push`:
 - disk (the path every sync took before the broadcast, still the fallback): trainer rank 0's state
   dict comes to the driver (ray.get), one copy per engine goes through Ray's object store, each
@@ -17,7 +18,8 @@ every 2 ms). Setting up the broadcast group is timed apart (once per run in rl-s
 Beside the measurement, a PROJECTION (not a measurement) of one sync at 14B on 32 engines from
 stated link and disk rates (`project_14b`): what each path moves and through where.
 
-    python benchmarks/weight_sync_speed.py --json weight_sync.json      # ~5 min on 2 cores, ~8 GB RAM
+    python benchmarks/weight_sync_speed.py --json weight_sync.json      # ~2 min on 2 cores, ~8 GB RAM
+    python benchmarks/weight_sync_speed.py --engine-dtype bfloat16      # engines in bf16, as on GPUs
 """
 
 from __future__ import annotations
@@ -156,6 +158,13 @@ def main() -> None:
     ap.add_argument("--json", type=Path, help="write the results here")
     ap.add_argument("--repeats", type=int, default=3, help="timed syncs per path (after warm-up)")
     ap.add_argument("--zero-stage", type=int, default=0, choices=[0, 3])
+    ap.add_argument(
+        "--engine-dtype",
+        default="float32",
+        choices=["float32", "bfloat16"],
+        help="the engines' weights (the trainer keeps fp32 masters): float32, vLLM-CPU's default "
+        "here, or bfloat16, as engines run on GPUs (the broadcast then sends half the bytes)",
+    )
     args = ap.parse_args()
 
     import ray
@@ -176,7 +185,12 @@ def main() -> None:
         cfg = RlTrainConfig(zero_stage=args.zero_stage)
         trainers = RayTrainers(str(model), cfg, num_ranks=1, ray_address="local")
         engines = make_engines(
-            str(model), 2, ray_address="local", kv_cache_tokens=2048, max_model_len=1024
+            str(model),
+            2,
+            ray_address="local",
+            kv_cache_tokens=2048,
+            max_model_len=1024,
+            dtype=args.engine_dtype,
         )
 
         async def run() -> dict[str, Any]:
@@ -196,6 +210,7 @@ def main() -> None:
         "model_mb": model_mb,
         "num_engines": 2,
         "zero_stage": args.zero_stage,
+        "engine_dtype": args.engine_dtype,
         "disk": results["disk"],
         "collective": results["collective"],
         "speedup": results["disk"]["sync_s"] / results["collective"]["sync_s"],
@@ -223,7 +238,7 @@ def _print(s: dict[str, Any]) -> None:
     print(f"{'disk':12s}{d['sync_s']:10.2f}{d['driver_rss_growth_mb']:16.1f}")
     print(f"{'collective':12s}{c['sync_s']:10.2f}{c['driver_rss_growth_mb']:16.1f}")
     print(
-        f"speedup {s['speedup']:.1f}x; driver growth {100 * s['driver_growth_share']:.2f}% of the "
+        f"engines in {s['engine_dtype']}; speedup {s['speedup']:.1f}x; driver growth {100 * s['driver_growth_share']:.2f}% of the "
         f"model ({s['model_mb']:.0f} MB); broadcast group set-up {c['setup_s']:.1f} s once"
     )
     print(

