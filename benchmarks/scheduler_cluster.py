@@ -31,6 +31,8 @@ TARGETS = {
 }
 # the rows the targets are checked on (the default is one of them)
 CANDIDATES = ("kv-incremental", "kv-predicted", "kv-tail")
+# the rows `--sim-oracle` repeats with every true length known (hindsight, never a target row)
+ORACLE_ROWS = ("kv-predicted", "kv-tail")
 
 
 def run_sims(args, cost) -> None:
@@ -63,11 +65,14 @@ def run_sim(args, cost, seed: int) -> list[dict]:
         work, args.sim_engines, args.sim_kv_tokens, args.sim_max_response, cost, args.sim_max_seqs
     )
     floor = step_floor_s(work, args.sim_engines, args.sim_max_response, cost)
+    runs = [(name, name, False) for name in _selected(args)]
+    if args.sim_oracle:  # what-if rows: the same policies told every true length
+        runs += [(f"{n} (oracle)", n, True) for n in ORACLE_ROWS if n in _selected(args)]
     results = {}
-    for name in _selected(args):
+    for label, name, oracle in runs:
         config = _sched_config(args, name, args.sim_max_seqs)
         start = time.perf_counter()
-        results[name] = simulate(
+        results[label] = simulate(
             work,
             config,
             args.sim_engines,
@@ -75,10 +80,11 @@ def run_sim(args, cost, seed: int) -> list[dict]:
             args.sim_max_response,
             cost,
             args.sim_max_seqs,
+            oracle=oracle,
         )
         wall_s = time.perf_counter() - start
         print(
-            f"  simulated {name}: {results[name].makespan_s:.1f} s ({wall_s:.0f} s wall)",
+            f"  simulated {label}: {results[label].makespan_s:.1f} s ({wall_s:.0f} s wall)",
             flush=True,
         )
     records = [

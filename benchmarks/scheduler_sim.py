@@ -51,6 +51,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from rstar2cli.scheduler.predict import SiblingLengths  # noqa: E402
 from rstar2cli.scheduler.scheduler import Scheduler, SchedulerConfig, Status  # noqa: E402
 
 MAX_MACRO_STEPS = 32
@@ -289,12 +290,18 @@ def simulate(
     cost: Cost,
     max_num_seqs: int = 256,
     stop_after_groups: int | None = None,
+    oracle: bool = False,
 ) -> SimResult:
     """Play `workload` through the real `Scheduler` on `num_engines` simulated engines until
     every trajectory finished, or, with `stop_after_groups`, until that many prompt groups have
     (every sample of theirs in `workload` finished): the rest are cut where they stand and
-    returned in `SimResult.carried`, ready to go on in the next step (partial rollout)."""
-    run = _Run(workload, config, num_engines, capacity_tokens, max_response, cost, max_num_seqs)
+    returned in `SimResult.carried`, ready to go on in the next step (partial rollout).
+    `oracle`: the scheduler is told every trajectory's true length (`OracleLengths`), each one
+    its own group, so `predicted` admission starts the longest trajectories first and tail
+    engines take exactly the long ones: what perfect prediction would buy, not a policy."""
+    run = _Run(
+        workload, config, num_engines, capacity_tokens, max_response, cost, max_num_seqs, oracle
+    )
     run.stop_after_groups = stop_after_groups
     run.go()
     return run.result()
@@ -303,7 +310,9 @@ def simulate(
 class _Run:
     """One simulation: the scheduler, the engines, the event queue and every trajectory's state."""
 
-    def __init__(self, workload, config, num_engines, capacity_tokens, max_response, cost, seqs):
+    def __init__(
+        self, workload, config, num_engines, capacity_tokens, max_response, cost, seqs, oracle
+    ):
         self.workload, self.config, self.cost = workload, config, cost
         self.capacity_tokens = capacity_tokens
         self.trajs = [_fresh_copy(t) for t in workload]
@@ -312,8 +321,15 @@ class _Run:
         self.sched = Scheduler([capacity_tokens] * num_engines, config, clock=lambda: self.now)
         self.engines = [SimEngine(i, capacity_tokens, seqs) for i in range(num_engines)]
         self.ctx = [t.prompt_tokens for t in self.trajs]
+        if oracle:
+            self.sched.lengths = OracleLengths(
+                [
+                    sum(n + chunk for _, n, _, chunk in _turns(t, b))
+                    for t, b in zip(self.trajs, self.budget, strict=True)
+                ]
+            )
         for key, t in enumerate(self.trajs):
-            self.sched.add(key, t.prompt_tokens, self.budget[key], t.group)
+            self.sched.add(key, t.prompt_tokens, self.budget[key], None if oracle else t.group)
         self.events: list = []
         self.seq = 0
         self.start_s: dict[int, float] = {}
@@ -552,6 +568,22 @@ class _Run:
             decoded_tokens=[t.decoded_tokens for t in self.trajs],
             done=[k in self.finish_s for k in range(len(self.trajs))],
         )
+
+
+class OracleLengths(SiblingLengths):
+    """Hindsight for `simulate(oracle=True)`: every trajectory's true response length (tool
+    answers included, as the scheduler counts it), known before it starts."""
+
+    def __init__(self, true_tokens: list[int]) -> None:
+        super().__init__()
+        self._true = true_tokens
+
+    def predict(self, key, max_tokens: float = math.inf) -> float:
+        return min(float(self._true[key]), max_tokens)
+
+    def group_median(self, group) -> float:
+        (key,) = group  # each trajectory is its own group in an oracle run
+        return float(self._true[key])
 
 
 def _fresh_copy(t: SimTraj) -> SimTraj:

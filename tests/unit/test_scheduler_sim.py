@@ -1,5 +1,6 @@
 """The cluster simulator behind benchmarks/scheduler_bench.py part (b), on tiny scripted workloads:
-what a move costs, and what a cut (partial rollout) carries into the next step.
+what a move costs, what a cut (partial rollout) carries into the next step, and that an oracle
+run's scheduler is told the true lengths.
 
 The cost model here is a round 10 ms per decode step and 1 ms per prefilled token, nothing else,
 so the numbers can be followed by hand. The simulator drives the real `Scheduler`.
@@ -81,3 +82,17 @@ def test_partial_rollout_over_provisions_carries_and_counts_the_old_tokens():
     assert all(s.num_groups_done >= 4 for s in over)
     assert over[0].off_policy_share == 0 and over[0].num_carried > 0  # step 0: nothing old yet
     assert any(s.off_policy_share > 0 for s in over[1:])
+
+
+def test_an_oracle_run_starts_the_truly_longest_first():
+    """One engine running one request at a time: in data order the short trajectory goes first
+    and the long one finishes last; told the true lengths, predicted admission starts the long
+    one first, so the short one finishes last."""
+    work = [SimTraj(100, [50], [], []), SimTraj(100, [600], [], [])]
+    cfg = config(admission="predicted", max_active_per_engine=1)
+    blind = simulate(work, cfg, 1, 1000, 800, COST)
+    oracle = simulate(work, cfg, 1, 1000, 800, COST, oracle=True)
+    own = {"short": 0.1 + 50 * 0.01, "long": 0.1 + 600 * 0.01}  # prompt prefill + decode steps
+    assert blind.last_own_s == pytest.approx(own["long"])
+    assert oracle.last_own_s == pytest.approx(own["short"])
+    assert oracle.last_start_s == pytest.approx(own["long"])
