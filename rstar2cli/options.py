@@ -109,6 +109,22 @@ KV_OVERCOMMIT = typer.Option(
     help="incremental/per_turn: reserve up to this multiple of each engine's KV; 1.0 never "
     "lets an engine preempt.",
 )
+ADMISSION = typer.Option(
+    SchedulerConfig.admission,
+    "--admission",
+    metavar="ORDER",
+    help="kv: the order new trajectories start in: data | predicted (longest predicted first, "
+    "from their prompt's siblings; slower than data order in benchmarks/scheduler_bench.py).",
+)
+TAIL_KV_FRACTION = typer.Option(
+    SchedulerConfig.tail_kv_fraction,
+    "--tail-kv-fraction",
+    metavar="F",
+    show_default=False,
+    help="kv incremental: move a trajectory predicted long, at its next tool call, to a tail "
+    "engine kept under this fraction of its KV (0 < F <= 1; default off, slower in "
+    "benchmarks/scheduler_bench.py).",
+)
 KV_CACHE_TOKENS = typer.Option(
     None,
     "--kv-cache-tokens",
@@ -151,6 +167,8 @@ def rollout_options(
         ("scheduler", str, SCHEDULER),
         ("kv_mode", str, KV_MODE),
         ("kv_overcommit", float, KV_OVERCOMMIT),
+        ("admission", str, ADMISSION),
+        ("tail_kv_fraction", float | None, TAIL_KV_FRACTION),
         ("kv_cache_tokens", int | None, KV_CACHE_TOKENS),
         ("tensor_parallel_size", int, TENSOR_PARALLEL_SIZE),
         ("max_turns", int, max_turns_option(max_turns)),
@@ -192,6 +210,8 @@ class RolloutArgs:
     scheduler: str
     kv_mode: str
     kv_overcommit: float
+    admission: str
+    tail_kv_fraction: float | None
     kv_cache_tokens: int | None
     max_turns: int
     max_response_tokens: int  # resolved by `budget_for_model`
@@ -230,6 +250,8 @@ class RolloutArgs:
             policy=self.scheduler,
             kv_mode=self.kv_mode,
             kv_overcommit=self.kv_overcommit,
+            admission=self.admission,
+            tail_kv_fraction=self.tail_kv_fraction,
             **extra,
         )
 
@@ -271,6 +293,8 @@ class RolloutArgs:
             "scheduler": self.scheduler,
             "kv_mode": self.kv_mode,
             "kv_overcommit": self.kv_overcommit,
+            "admission": self.admission,
+            "tail_kv_fraction": self.tail_kv_fraction,
             "kv_cache_tokens": self.kv_cache_tokens,
             "tensor_parallel_size": self.tensor_parallel_size,
         }

@@ -83,7 +83,13 @@ class StageRun:
         from rstar2cli.scheduler.scheduler import SchedulerConfig
 
         r = self.recipe.rollout
-        return SchedulerConfig(policy=r.scheduler, kv_mode=r.kv_mode, kv_overcommit=r.kv_overcommit)
+        return SchedulerConfig(
+            policy=r.scheduler,
+            kv_mode=r.kv_mode,
+            kv_overcommit=r.kv_overcommit,
+            admission=r.admission,
+            tail_kv_fraction=r.tail_kv_fraction,
+        )
 
     def _agent_config(self, seed_base: int, temperature: float) -> Any:
         from rstar2cli.agent.loop import AgentConfig

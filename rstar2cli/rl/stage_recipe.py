@@ -132,6 +132,18 @@ class RolloutConfig(RecipeModel):
         description="per_turn / incremental: reserve up to this multiple of each engine's KV "
         "(most requests end before using their whole step); 1.0 never lets an engine preempt.",
     )
+    admission: Literal["data", "predicted"] = Field(
+        cast(Any, SchedulerConfig.admission),
+        description="kv: the order new trajectories start in: data, or predicted (longest "
+        "predicted first, from their prompt's siblings; slower in benchmarks/scheduler_bench.py).",
+    )
+    tail_kv_fraction: float | None = Field(
+        SchedulerConfig.tail_kv_fraction,
+        gt=0.0,
+        le=1.0,
+        description="kv incremental: move a trajectory predicted long, at its next tool call, to a "
+        "tail engine kept under this fraction of its KV; null: off (slower in the benchmark).",
+    )
 
     @model_validator(mode="after")
     def _vllm_only(self) -> RolloutConfig:

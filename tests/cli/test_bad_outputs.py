@@ -65,6 +65,8 @@ def test_rollout_refuses_bad_option_values(tmp_path):
     base = ["rollout", "--model", model, "--data", data, "--out", out]
     _fails(_cli(*base, "--tool-timeout", 0), "--tool-timeout must be > 0")
     _fails(_cli(*base, "--tool-timeout", -1), "--tool-timeout must be > 0")
+    _fails(_cli(*base, "--admission", "sideways"), "unknown admission 'sideways'")
+    _fails(_cli(*base, "--tail-kv-fraction", 0), "tail_kv_fraction must be in (0, 1]")
     # typer's own range errors: exit 2 with a usage panel
     _fails(_cli(*base, "--max-tool-output-chars", -1), "'--max-tool-output-chars'", False)
     _fails(_cli(*base, "--kv-cache-tokens", -5), "'--kv-cache-tokens'", False)

