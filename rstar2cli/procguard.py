@@ -8,8 +8,11 @@ rstar2cli.procguard`) that asks the kernel for a signal when this process dies (
 PR_SET_PDEATHSIG) and then kills every process it was given, with their own descendants.
 
 Processes are named by (pid, start time), so a pid the system reuses later is never killed. Call
-`guard_descendants()` after starting engines or Ray: it registers whatever is new. On a normal exit
-the guardian finds those processes already gone (engines are shut down first) and does nothing.
+`guard_descendants()` after starting engines or Ray: it registers whatever is new. The guardian
+also looks at the whole tree below the command every `WATCH_PERIOD_S` and kills what it saw last
+too, so a process started later (a sandbox pool on the first tool call, a helper an engine forks)
+is covered without registering it. On a normal exit the guardian finds those processes already
+gone (engines are shut down first) and does nothing.
 
 What it does not do: anything on a remote node (Ray kills a dead driver's actors itself), or
 handle SIGINT/SIGTERM (the commands do). Linux only (/proc, prctl); elsewhere it does nothing.
@@ -27,6 +30,7 @@ from pathlib import Path
 
 _guardian: subprocess.Popen[bytes] | None = None
 _guarded: set[tuple[int, int]] = set()
+WATCH_PERIOD_S = 1.0  # how often the guardian looks at the tree below the command
 
 
 def _start_time(pid: int) -> int | None:
@@ -108,22 +112,24 @@ class _ParentDied(Exception):
 
 
 def _serve(parent: int) -> None:
-    """Read (pid, start time) lines until the parent dies, then kill what they name."""
+    """Read (pid, start time) lines and look at the tree below `parent` until it dies, then kill
+    what the lines name and what the last look found."""
     import ctypes
 
     def on_parent_death(*_: object) -> None:
-        raise _ParentDied  # NOTE: raising breaks the blocked read; a flag would not
+        raise _ParentDied  # NOTE: raising breaks the blocked wait; a flag would not
 
-    guarded: list[tuple[int, int]] = []
+    guarded: set[tuple[int, int]] = set()
+    seen: set[tuple[int, int]] = set()  # the tree below the parent at the last look
+    pending = [b""]  # a line not yet whole
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, on_parent_death)
     try:
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM, 0, 0, 0)  # PR_SET_PDEATHSIG
         if os.getppid() != parent:  # it died before the prctl took effect
             raise _ParentDied
-        for line in sys.stdin.buffer:
-            pid, start = (int(x) for x in line.split())
-            guarded.append((pid, start))
+        while _read_lines(pending, guarded):
+            seen = _tree(parent)
         # the pipe closed: the parent is exiting (or was killed); wait for its death to be sure
         deadline = time.monotonic() + 10.0
         while os.getppid() == parent and time.monotonic() < deadline:
@@ -133,18 +139,42 @@ def _serve(parent: int) -> None:
         raise _ParentDied
     except _ParentDied:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        guarded += _unread_lines()  # what the parent wrote just before it died
-        for pid, start in guarded:
+        guarded |= _unread_lines(pending[0])  # what the parent wrote just before it died
+        for pid, start in guarded | seen:
             _kill_tree(pid, start)
 
 
-def _unread_lines() -> list[tuple[int, int]]:
+def _read_lines(pending: list[bytes], into: set[tuple[int, int]]) -> bool:
+    """Wait up to WATCH_PERIOD_S for lines on stdin and add them to `into`; False: it closed."""
+    import select
+
+    fd = sys.stdin.fileno()
+    ready, _, _ = select.select([fd], [], [], WATCH_PERIOD_S)
+    if not ready:
+        return True
+    chunk = os.read(fd, 65536)
+    if not chunk:
+        return False
+    *lines, pending[0] = (pending[0] + chunk).split(b"\n")
+    into |= _parse(lines)
+    return True
+
+
+def _tree(parent: int) -> set[tuple[int, int]]:
+    """(pid, start time) of every process below `parent` but this one."""
+    me = os.getpid()
+    return {(p, t) for p in descendants(parent) if p != me and (t := _start_time(p)) is not None}
+
+
+def _parse(lines: list[bytes]) -> set[tuple[int, int]]:
+    pairs = (ln.split() for ln in lines if ln.strip())
+    return {(int(a), int(b)) for a, b in pairs}
+
+
+def _unread_lines(pending: bytes) -> set[tuple[int, int]]:
     fd = sys.stdin.fileno()
     os.set_blocking(fd, False)
-    try:  # lines the reader had buffered but not yet handed out come first
-        data = sys.stdin.buffer.peek()  # type: ignore[union-attr]
-    except (BlockingIOError, OSError, ValueError):
-        data = b""
+    data = pending
     while True:
         try:
             chunk = os.read(fd, 65536)
@@ -153,7 +183,7 @@ def _unread_lines() -> list[tuple[int, int]]:
         if not chunk:
             break
         data += chunk
-    return [(int(a), int(b)) for a, b in (ln.split() for ln in data.splitlines() if ln.strip())]
+    return _parse(data.splitlines())
 
 
 if __name__ == "__main__":

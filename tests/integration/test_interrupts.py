@@ -115,11 +115,18 @@ def test_kill_9_of_the_command_takes_its_engine_processes_along(tmp_path, tiny_m
         deadline = time.monotonic() + 30
         while (left := [p for p in below if _alive(p)]) and time.monotonic() < deadline:
             time.sleep(0.2)
-        assert not left
+        assert not left, [_cmdline(p) for p in left]
     finally:
         if proc.poll() is None:
             proc.kill()
         os.killpg(proc.pid, signal.SIGKILL) if _group_alive(proc.pid) else None
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()[:300].replace(b"\0", b" ").decode()
+    except OSError:
+        return "?"
 
 
 def _alive(pid: int) -> bool:

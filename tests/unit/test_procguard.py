@@ -52,6 +52,39 @@ def test_children_and_grandchildren_die_when_the_parent_is_killed():
             os.killpg(parent.pid, signal.SIGKILL)
 
 
+LATE = textwrap.dedent(
+    """
+    import subprocess, sys, time
+    from rstar2cli import procguard
+    early = subprocess.Popen(["sleep", "300"])
+    time.sleep(0.3)
+    procguard.guard_descendants()
+    late = subprocess.Popen(["sleep", "301"])  # never registered
+    time.sleep(3 * procguard.WATCH_PERIOD_S)  # the guardian has looked at the tree since
+    print(early.pid, late.pid, flush=True)
+    time.sleep(300)
+    """
+)
+
+
+def test_a_process_started_after_registering_dies_too():
+    parent = subprocess.Popen(
+        [sys.executable, "-c", LATE], stdout=subprocess.PIPE, text=True, start_new_session=True
+    )
+    try:
+        early, late = (int(p) for p in parent.stdout.readline().split())
+        assert _alive(early) and _alive(late)
+        parent.kill()
+        parent.wait()
+        deadline = time.monotonic() + 10
+        while (_alive(early) or _alive(late)) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not _alive(early) and not _alive(late)
+    finally:
+        if parent.poll() is None:
+            os.killpg(parent.pid, signal.SIGKILL)
+
+
 def test_a_reused_pid_is_never_killed():
     other = subprocess.Popen(["sleep", "30"])
     try:
