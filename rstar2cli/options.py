@@ -246,14 +246,9 @@ class RolloutArgs:
             raise UserError(str(exc)) from exc
 
     def sched_config(self, **extra: Any) -> SchedulerConfig:
-        return SchedulerConfig(
-            policy=self.scheduler,
-            kv_mode=self.kv_mode,
-            kv_overcommit=self.kv_overcommit,
-            admission=self.admission,
-            tail_kv_fraction=self.tail_kv_fraction,
-            **extra,
-        )
+        from rstar2cli.rollout_job import scheduler_config
+
+        return scheduler_config(self, **extra)
 
     def agent_config(self, seed_base: int) -> Any:
         from rstar2cli.agent.loop import AgentConfig

@@ -35,10 +35,13 @@ import signal
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rstar2cli import protocol as P
 from rstar2cli.errors import UserError
+
+if TYPE_CHECKING:
+    from rstar2cli.scheduler.scheduler import SchedulerConfig
 
 # NOTE: the agent loop's request seed is base + 1000 * sample + turn; 2**26 per step leaves room
 # for 67k samples of up to 1000 turns each before two steps could share a seed. Layout of a base:
@@ -52,6 +55,21 @@ class Interrupted(UserError):
     """Ctrl-C or SIGTERM during a run: finished work is kept, the command exits 130."""
 
     exit_code = 130
+
+
+def scheduler_config(settings: Any, **extra: Any) -> SchedulerConfig:
+    """The scheduler's settings from a command's shared options or an RL recipe's rollout
+    section: both name the policy `scheduler` and the rest as SchedulerConfig does."""
+    from rstar2cli.scheduler.scheduler import SchedulerConfig
+
+    return SchedulerConfig(
+        policy=settings.scheduler,
+        kv_mode=settings.kv_mode,
+        kv_overcommit=settings.kv_overcommit,
+        admission=settings.admission,
+        tail_kv_fraction=settings.tail_kv_fraction,
+        **extra,
+    )
 
 
 def seed_base(seed: int, step: int = 0, eval_pass: bool = False) -> int:

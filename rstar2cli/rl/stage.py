@@ -34,7 +34,7 @@ from rstar2cli.errors import UserError
 from rstar2cli.rl.selection import rollout_metrics, select, update_metrics
 from rstar2cli.rl.stage_recipe import RlRecipe
 from rstar2cli.rl.trainer import TrainSample, UpdateSums
-from rstar2cli.rollout_job import Interrupted, StopSignals, seed_base
+from rstar2cli.rollout_job import Interrupted, StopSignals, scheduler_config, seed_base
 from rstar2cli.scheduler.placement import absolute_path
 
 if TYPE_CHECKING:
@@ -80,16 +80,7 @@ class StageRun:
     # -- set-up ---------------------------------------------------------------------------
 
     def _sched_config(self) -> Any:
-        from rstar2cli.scheduler.scheduler import SchedulerConfig
-
-        r = self.recipe.rollout
-        return SchedulerConfig(
-            policy=r.scheduler,
-            kv_mode=r.kv_mode,
-            kv_overcommit=r.kv_overcommit,
-            admission=r.admission,
-            tail_kv_fraction=r.tail_kv_fraction,
-        )
+        return scheduler_config(self.recipe.rollout)
 
     def _agent_config(self, seed_base: int, temperature: float) -> Any:
         from rstar2cli.agent.loop import AgentConfig
