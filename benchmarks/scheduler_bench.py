@@ -52,9 +52,10 @@
     bulk of the work, and moves cost a re-prefill each. Perfect prediction does not help either:
     `--sim-oracle` reruns both told every trajectory's true length, and at 1/4 scale on the H100
     (16 engines, 128 prompts, seed 0) they took 355.7 and 363.6 s against kv-incremental's 340.0 s
-    (half the trajectories done only at 261 s against 99 s: the long contexts fill the KV). On the H100 the trajectories that finish
-    last are mostly a prompt's outliers (a sample several times longer than its siblings, so
-    started late with the short prompts), which no sibling predicts.
+    (half the trajectories done only at 261 s against 99 s: the long contexts fill the KV). On
+    the H100 the trajectories that finish last are mostly a prompt's outliers (a sample several
+    times longer than its siblings, so started late with the short prompts), which no sibling
+    predicts.
     python benchmarks/scheduler_bench.py                 # both parts (a takes minutes on 2 cores)
     python benchmarks/scheduler_bench.py --part a --repeats 3  # each policy 3 times, interleaved; medians
     python benchmarks/scheduler_bench.py --part b                 # simulated MI300X cluster (~30 s)

@@ -570,13 +570,23 @@ class _Run:
         )
 
 
-class OracleLengths(SiblingLengths):
+class OracleLengths:
     """Hindsight for `simulate(oracle=True)`: every trajectory's true response length (tool
-    answers included, as the scheduler counts it), known before it starts."""
+    answers included, as the scheduler counts it), known before it starts. Who has started is
+    kept by a `SiblingLengths` the scheduler's updates go to; only the predictions differ."""
 
     def __init__(self, true_tokens: list[int]) -> None:
-        super().__init__()
         self._true = true_tokens
+        self._started = SiblingLengths()
+
+    def add(self, key, group) -> None:
+        self._started.add(key, group)
+
+    def update(self, key, response_tokens: int, done: bool = False) -> None:
+        self._started.update(key, response_tokens, done)
+
+    def num_started(self, group) -> int:
+        return self._started.num_started(group)
 
     def predict(self, key, max_tokens: float = math.inf) -> float:
         return min(float(self._true[key]), max_tokens)

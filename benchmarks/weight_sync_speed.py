@@ -238,8 +238,9 @@ def _print(s: dict[str, Any]) -> None:
     print(f"{'disk':12s}{d['sync_s']:10.2f}{d['driver_rss_growth_mb']:16.1f}")
     print(f"{'collective':12s}{c['sync_s']:10.2f}{c['driver_rss_growth_mb']:16.1f}")
     print(
-        f"engines in {s['engine_dtype']}; speedup {s['speedup']:.1f}x; driver growth {100 * s['driver_growth_share']:.2f}% of the "
-        f"model ({s['model_mb']:.0f} MB); broadcast group set-up {c['setup_s']:.1f} s once"
+        f"engines in {s['engine_dtype']}; speedup {s['speedup']:.1f}x; driver growth "
+        f"{100 * s['driver_growth_share']:.2f}% of the model ({s['model_mb']:.0f} MB); "
+        f"broadcast group set-up {c['setup_s']:.1f} s once"
     )
     print(
         f"PROJECTION (assumed rates, not measured) 14B x 32 engines: disk "

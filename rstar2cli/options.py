@@ -34,6 +34,7 @@ import typer
 
 from rstar2cli.agent.loop import AgentConfig
 from rstar2cli.errors import UserError
+from rstar2cli.rollout_job import scheduler_config
 from rstar2cli.scheduler.engines import DEFAULT_KV_CACHE_TOKENS
 from rstar2cli.scheduler.scheduler import SchedulerConfig
 
@@ -246,8 +247,6 @@ class RolloutArgs:
             raise UserError(str(exc)) from exc
 
     def sched_config(self, **extra: Any) -> SchedulerConfig:
-        from rstar2cli.rollout_job import scheduler_config
-
         return scheduler_config(self, **extra)
 
     def agent_config(self, seed_base: int) -> Any:
