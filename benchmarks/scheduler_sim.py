@@ -318,16 +318,19 @@ class _Run:
         self.trajs = [_fresh_copy(t) for t in workload]
         self.budget = [_budget(t, max_response) for t in self.trajs]
         self.now = 0.0
-        self.sched = Scheduler([capacity_tokens] * num_engines, config, clock=lambda: self.now)
-        self.engines = [SimEngine(i, capacity_tokens, seqs) for i in range(num_engines)]
-        self.ctx = [t.prompt_tokens for t in self.trajs]
+        lengths = None
         if oracle:
-            self.sched.lengths = OracleLengths(
+            lengths = OracleLengths(
                 [
                     sum(n + chunk for _, n, _, chunk in _turns(t, b))
                     for t, b in zip(self.trajs, self.budget, strict=True)
                 ]
             )
+        self.sched = Scheduler(
+            [capacity_tokens] * num_engines, config, clock=lambda: self.now, lengths=lengths
+        )
+        self.engines = [SimEngine(i, capacity_tokens, seqs) for i in range(num_engines)]
+        self.ctx = [t.prompt_tokens for t in self.trajs]
         for key, t in enumerate(self.trajs):
             self.sched.add(key, t.prompt_tokens, self.budget[key], None if oracle else t.group)
         self.events: list = []

@@ -20,37 +20,21 @@ Policies (`POLICIES`):
   migrates to the engine with the most free KV that fits (one re-prefill of the context there,
   which costs less than leaving it idle until its engine drains); if none fits it waits.
   `incremental` mode (the default): each generate request reserves the context + at most
-  `step_tokens` of growth (what it can really use), so an engine runs as many trajectories as its
-  KV holds now rather than in the worst case. A running request seldom uses its whole step (a turn
-  often stops first at its tool call), so these two modes let the ledger reserve up to
-  `kv_overcommit` (1.1) times an engine's KV; at 1.0 it never over-commits and an engine never
-  has to preempt. A trajectory waiting for its tool keeps its context reserved at home, so
-  its prefix stays cached and its next turn needs only the growth. A ready trajectory that does
-  not fit at home goes on there with a smaller step if at least `min_step_tokens` fit; else it
-  waits there (room that frees on its engine is owed to it before any new trajectory is admitted
-  there) and moves to the engine with the most free KV only after `migrate_after_s`, or at once
-  if nothing runs at home to free room (so waiting never deadlocks). Once every trajectory has
-  started (the drain), batches shrink unevenly: a long trajectory may share a still-full engine
-  while others sit idle, and every decode step reads the whole batch's KV. So a ready trajectory
-  whose engine's KV (others' reservations) is over 1 / `drain_balance` times what it would share
-  elsewhere moves to the least used engine that fits it, paying one re-prefill of its context.
+  `step_tokens` of growth, so an engine runs as many trajectories as its KV holds now rather than
+  in the worst case. A running request seldom uses its whole step (a turn often stops first at
+  its tool call), so these two modes let the ledger reserve up to `kv_overcommit` (1.1) times an
+  engine's KV; at 1.0 it never over-commits and an engine never has to preempt. Where a ready
+  trajectory goes next (home, a smaller step, a wait, or a move) is `incremental.place`.
   Continuing trajectories are served before new ones (finishing work frees KV; no starvation).
-- `static` (the paper's "before"): an even split up front, in contiguous chunks of the batch
-  (trajectories added before the first `schedule()`); each engine runs its own share, at most `max_active_per_engine` trajectories at a time, and never helps another engine.
-- `least-requests` (verl's router): each new trajectory goes, when a slot frees, to the engine with
-  the fewest in-flight generate requests (sticky for all its turns), at most
-  `max_active_per_engine` active trajectories per engine.
+- `static` (the paper's "before": an even split up front) and `least-requests` (verl's router):
+  the baselines, which start new trajectories without looking at KV (`baselines`).
 Predicted lengths (`kv` policy): every trajectory may name its `group` (its prompt); the
 siblings' lengths so far predict each one's (`predict.SiblingLengths`). With `admission`
-`predicted`, new trajectories start longest-predicted first instead of in data order: first one
-sample of every prompt not yet seen (to learn its length), then by the group's predicted length,
-ties to the group with the fewest started, so the first wave spreads over all prompts. With
+`predicted`, new trajectories start longest-predicted first (`admission.NewQueue`). With
 `tail_kv_fraction` set (incremental mode), a trajectory predicted long moves at its next
-tool-call boundary to a tail engine kept at a low batch (`tail.TailEngines`), re-prefilling its
-context there. Both are measured against data order in benchmarks/scheduler_bench.py (part b), where
-neither wins (its docstring says why), so both are off by default.
-Baselines admit without looking at KV; their reservations are still written to the ledger (with
-`force_reserve`, as `full` mode would) so statistics show how far they over-commit.
+tool-call boundary to a tail engine kept at a low batch (`tail.TailEngines`). Both are measured
+against data order in benchmarks/scheduler_bench.py (part b), where neither wins (its docstring
+says why), so both are off by default.
 
 `max_active_per_engine` means: for the baselines, their fixed concurrency in trajectories; for
 `kv`, a cap on in-flight generate requests per engine (vLLM's `max_num_seqs`); None = no cap.
@@ -61,18 +45,18 @@ Tested in tests/unit/test_scheduler.py with fake block budgets.
 from __future__ import annotations
 
 import enum
-import heapq
 import time
 from collections import deque
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 
+from rstar2cli.scheduler import baselines, incremental
+from rstar2cli.scheduler.admission import ADMISSIONS, NewQueue
 from rstar2cli.scheduler.kv import KV_MODES, KVLedger
 from rstar2cli.scheduler.predict import SiblingLengths
 from rstar2cli.scheduler.tail import TailEngines
 
 POLICIES = ("kv", "static", "least-requests")
-ADMISSIONS = ("data", "predicted")
 
 
 class Status(enum.Enum):
@@ -187,7 +171,10 @@ class Scheduler:
         config: SchedulerConfig | None = None,
         block_size_tokens: int = 1,
         clock: Callable[[], float] = time.monotonic,
+        lengths: SiblingLengths | None = None,
     ):
+        """`lengths`: where trajectories' lengths so far are told and predicted from (a fresh
+        `SiblingLengths` by default; the simulator passes a hindsight table)."""
         self.config = config or SchedulerConfig()
         self.capacity_tokens = list(capacity_tokens)  # the engines' real KV
         # `full` mode is the paper's rule as is
@@ -195,12 +182,11 @@ class Scheduler:
         self.ledger = KVLedger([int(c * over) for c in capacity_tokens], block_size_tokens)
         self.num_engines = len(capacity_tokens)
         self.slots: dict[Hashable, Slot] = {}
-        self._new: deque[Hashable] = deque()  # not started, in data order
-        # admission `predicted`: not started, per group in data order; groups in first-seen order
-        self._new_by_group: dict[Hashable, deque[Hashable]] = {}
-        self.num_new = 0  # not started (every policy)
+        self.lengths = lengths if lengths is not None else SiblingLengths()
+        kv_policy = self.config.policy == "kv"
+        self.new = NewQueue(self.config.admission if kv_policy else "data", self.lengths)
+        self.num_new = 0  # not started (every policy; `static` moves them to its own queues)
         self._min_new_tokens = 1 << 62  # the least any new trajectory's admission can need
-        self.lengths = SiblingLengths()
         fraction = self.config.tail_kv_fraction
         self.tail = (
             TailEngines(self.ledger, self.capacity_tokens, fraction)
@@ -208,17 +194,17 @@ class Scheduler:
             else None
         )
         self.num_tail_moves = 0
-        self._new_by_engine: list[deque[Hashable]] = [deque() for _ in capacity_tokens]  # static
+        self.static_queues: list[deque[Hashable]] = [deque() for _ in capacity_tokens]  # static
         self._ready: dict[Hashable, None] = {}  # started and WAITING, in the order they got ready
         self.num_running = [0] * self.num_engines
         self.num_active = [0] * self.num_engines  # started, not done, homed on the engine
         self.num_done = 0
         self.num_migrations = 0
-        self._clock = clock
+        self.clock = clock
         self._busy_since: list[float | None] = [None] * self.num_engines
         self._busy_s = [0.0] * self.num_engines
-        self._max_free = 0
-        self._pending = [0] * self.num_engines  # incremental: room owed to trajectories homed there
+        self.max_free = 0
+        self.pending = [0] * self.num_engines  # incremental: room owed to trajectories homed there
 
     # -- events --------------------------------------------------------------------------------
 
@@ -237,39 +223,36 @@ class Scheduler:
         slot = Slot(key, prompt_tokens, max_response_tokens, prompt_tokens, group)
         if self.config.policy == "kv" and not self._fits_anywhere_empty(slot):
             raise ValueError(
-                f"trajectory {key!r} needs {self._admit_tokens(slot)} KV tokens; the largest "
+                f"trajectory {key!r} needs {self.admit_tokens(slot)} KV tokens; the largest "
                 f"engine has {max(self.capacity_tokens)}"
             )
         self.slots[key] = slot
-        self._min_new_tokens = min(self._min_new_tokens, self._admit_tokens(slot))
+        self._min_new_tokens = min(self._min_new_tokens, self.admit_tokens(slot))
         self.lengths.add(key, group)
         self.num_new += 1
-        if self.config.policy == "kv" and self.config.admission == "predicted":
-            self._new_by_group.setdefault(group, deque()).append(key)
-        else:
-            self._new.append(key)
+        self.new.add(key, group)
 
     def schedule(self) -> list[Dispatch]:
         """Move WAITING trajectories to RUNNING where the policy allows; one Dispatch each."""
         out = []
-        self._max_free = max(self.ledger.free(e) for e in range(self.num_engines))
-        self._pending = [0] * self.num_engines
+        self.max_free = max(self.ledger.free(e) for e in range(self.num_engines))
+        self.pending = [0] * self.num_engines
         for key in list(self._ready):
             if (
                 self._per_turn()
-                and self.ledger.round_up(self._admit_tokens(self.slots[key])) > self._max_free
+                and self.ledger.round_up(self.admit_tokens(self.slots[key])) > self.max_free
             ):
                 continue  # fits nowhere; skip the per-engine scan (cheap with thousands waiting)
             d = self._continue(key)
             if d is not None:
                 out.append(d)
-                self._max_free = max(self.ledger.free(e) for e in range(self.num_engines))
+                self.max_free = max(self.ledger.free(e) for e in range(self.num_engines))
         if self.config.policy == "kv":
             out += self._admit_kv()
         elif self.config.policy == "static":
-            out += self._admit_static()
+            out += baselines.admit_static(self)
         else:
-            out += self._admit_least_requests()
+            out += baselines.admit_least_requests(self)
         return out
 
     def on_generated(self, key: Hashable, num_tokens: int, next_status: Status) -> None:
@@ -293,7 +276,7 @@ class Scheduler:
         slot.status = next_status
         if next_status is Status.WAITING:
             self._ready[key] = None
-            slot.ready_since = self._clock()
+            slot.ready_since = self.clock()
 
     def on_tool_done(self, key: Hashable, num_tokens: int) -> None:
         slot = self._expect(key, Status.TOOL)
@@ -302,7 +285,7 @@ class Scheduler:
         slot.status = Status.WAITING
         slot.after_tool = True
         self._ready[key] = None
-        slot.ready_since = self._clock()
+        slot.ready_since = self.clock()
 
     def finish(self, key: Hashable) -> None:
         """End a trajectory that is not running (e.g. its tool answer spent the budget)."""
@@ -323,7 +306,7 @@ class Scheduler:
 
     def busy_s(self, engine: int) -> float:
         since = self._busy_since[engine]
-        return self._busy_s[engine] + (self._clock() - since if since is not None else 0.0)
+        return self._busy_s[engine] + (self.clock() - since if since is not None else 0.0)
 
     # -- policies ------------------------------------------------------------------------------
 
@@ -341,17 +324,17 @@ class Scheduler:
             return min(slot.step_cap or self.config.step_tokens, slot.remaining_tokens)
         return slot.remaining_tokens
 
-    def _admit_tokens(self, slot: Slot) -> int:
+    def admit_tokens(self, slot: Slot) -> int:
         return (
             slot.num_tokens + self._gen_tokens(slot) if self._stepwise() else slot.worst_case_tokens
         )
 
     def _fits_anywhere_empty(self, slot: Slot) -> bool:
         # incremental: every later step must fit its engine too, so the whole trajectory must
-        need = slot.worst_case_tokens if self._incremental() else self._admit_tokens(slot)
+        need = slot.worst_case_tokens if self._incremental() else self.admit_tokens(slot)
         return self.ledger.round_up(need) <= max(self.capacity_tokens)
 
-    def _below_cap(self, engine: int) -> bool:
+    def below_cap(self, engine: int) -> bool:
         cap = self.config.max_active_per_engine
         if cap is None:
             return True
@@ -361,125 +344,28 @@ class Scheduler:
     def _continue(self, key: Hashable) -> Dispatch | None:
         slot = self.slots[key]
         if self._incremental():
-            engine = self._place_incremental(slot)
+            engine = incremental.place(self, slot)
             if engine is None:
                 return None
         elif self._per_turn():
             engine = self._pick_per_turn(slot)
             if engine is None:
                 return None
-            self.ledger.reserve(key, engine, self._admit_tokens(slot))
+            self.ledger.reserve(key, engine, self.admit_tokens(slot))
             if engine != slot.engine:
-                self._migrate(slot, engine)
-        elif self.config.policy == "kv" and not self._below_cap(slot.home):
+                self.migrate(slot, engine)
+        elif self.config.policy == "kv" and not self.below_cap(slot.home):
             return None
         del self._ready[key]
         return self._dispatch(slot, slot.home)
 
-    def _place_incremental(self, slot: Slot) -> int | None:
-        """Grow the reservation at home, or (after `migrate_after_s`, or at once when nothing runs
-        at home to free room) move to the engine with the most free KV; None: keep waiting."""
-        need, home = self._admit_tokens(slot), slot.home
-        held = self.ledger.holding(slot.key)
-        tail = self._tail_engine(slot, need, held.num_tokens if held else 0)
-        if tail is not None and tail != home:
-            self.ledger.release(slot.key)
-            self.ledger.reserve(slot.key, tail, need)
-            self._migrate(slot, tail)
-            self.num_tail_moves += 1
-            return tail
-        lighter = self._lighter_engine(slot, need, held.num_tokens if held else 0)
-        if lighter is not None:
-            self.ledger.release(slot.key)
-            self.ledger.reserve(slot.key, lighter, need)
-            self._migrate(slot, lighter)
-            return lighter
-        if self._below_cap(home):
-            if held is not None and self.ledger.resize(slot.key, need):
-                return home
-            if held is None and self.ledger.reserve(slot.key, home, need):
-                return home
-            if self._shrink_step_to_fit(slot, held.num_tokens if held else 0):
-                return home
-        waited_s = self._clock() - slot.ready_since
-        if waited_s < self.config.migrate_after_s and self.num_running[home] > 0:
-            self._pending[home] += self.ledger.round_up(need) - (held.num_tokens if held else 0)
-            return None
-        self.ledger.release(slot.key)  # its cached prefix is given up either way
-        if self.ledger.round_up(need) > self._max_free + (held.num_tokens if held else 0):
-            return None  # fits nowhere; skip the scan (cheap with thousands waiting)
-        engine = self._most_free_fitting(need, exclude=self._closed_to(slot))
-        if engine is None:
-            return None
-        self.ledger.reserve(slot.key, engine, need)
-        if engine != home:
-            self._migrate(slot, engine)
-        return engine
-
-    def _is_long(self, slot: Slot) -> bool:
-        budget = slot.max_response_tokens
-        return TailEngines.is_long(self.lengths.predict(slot.key, budget), budget)
-
-    def _closed_to(self, slot: Slot) -> set[int]:
-        """Engines `slot` may not move or start on: tail engines, unless it is predicted long."""
-        if self.tail is None or not self.tail.engines or self._is_long(slot):
-            return set()
-        return self.tail.engines
-
-    def _tail_engine(self, slot: Slot, need: int, held_tokens: int) -> int | None:
-        """A trajectory predicted long, at a tool-call boundary, off the tail engines: the tail
-        engine to move to (None: stay)."""
-        if self.tail is None or not slot.after_tool or slot.home in self.tail.engines:
-            return None
-        if not self._is_long(slot):
-            return None
-        return self.tail.pick(need, slot.home, held_tokens, self._pending, self._below_cap)
-
-    def _lighter_engine(self, slot: Slot, need: int, held_tokens: int) -> int | None:
-        """Once nothing is left to admit: the least used engine that fits `slot` and would hold,
-        with it, under `drain_balance` of the KV the others use at its home; None: stay."""
-        if self.num_new or self.config.drain_balance is None:
-            return None
-        closed = self._closed_to(slot)
-        others_home = self.ledger.used(slot.home) - held_tokens
-        best, best_used = None, None
-        for e in range(self.num_engines):
-            if e == slot.engine or e in closed or not self._below_cap(e):
-                continue
-            used = self.ledger.used(e)
-            if self.ledger.round_up(need) > self.ledger.free(e) - self._pending[e]:
-                continue
-            if used + need < others_home * self.config.drain_balance and (
-                best_used is None or used < best_used
-            ):
-                best, best_used = e, used
-        return best
-
-    def _shrink_step_to_fit(self, slot: Slot, held_tokens: int) -> bool:
-        """Go on at home with a smaller step (at least `min_step_tokens`) if that fits there."""
-        room = self.ledger.free(slot.home) + held_tokens - self._pending[slot.home]
-        block = self.ledger.block_size_tokens
-        step = room // block * block - slot.num_tokens  # its reservation, context + step, fits room
-        if step < min(self.config.min_step_tokens, slot.remaining_tokens):
-            return False
-        slot.step_cap = step
-        need = self._admit_tokens(slot)
-        ok = (
-            self.ledger.resize(slot.key, need)
-            if held_tokens
-            else self.ledger.reserve(slot.key, slot.home, need)
-        )
-        if not ok:
-            slot.step_cap = None
-        return ok
-
     def _pick_per_turn(self, slot: Slot) -> int | None:
-        need = self._admit_tokens(slot)
-        if self.ledger.fits(slot.home, need) and self._below_cap(slot.home):
+        need = self.admit_tokens(slot)
+        if self.ledger.fits(slot.home, need) and self.below_cap(slot.home):
             return slot.home
-        return self._most_free_fitting(need)
+        return self.most_free_fitting(need)
 
-    def _most_free_fitting(
+    def most_free_fitting(
         self, need: int, owed: list[int] | None = None, exclude: set[int] | None = None
     ) -> int | None:
         """The engine with the most free KV (less what is `owed` to waiting trajectories homed
@@ -489,7 +375,7 @@ class Scheduler:
             if exclude and e in exclude:
                 continue
             room = self.ledger.free(e) - (owed[e] if owed else 0)
-            if self.ledger.round_up(need) > room or not self._below_cap(e):
+            if self.ledger.round_up(need) > room or not self.below_cap(e):
                 continue
             rank = (room, -self.num_running[e])
             if best_rank is None or rank > best_rank:
@@ -500,106 +386,42 @@ class Scheduler:
         """Start new trajectories in `admission` order while the next one fits somewhere."""
         if not self.num_new:
             return []
-        owed = self._pending if self._incremental() else None
+        owed = self.pending if self._incremental() else None
         room = max(self.ledger.free(e) - (owed[e] if owed else 0) for e in range(self.num_engines))
         if self.ledger.round_up(self._min_new_tokens) > room:
             return []  # not even the smallest new trajectory fits anywhere
-        if self.config.admission == "predicted":
-            return self._admit_predicted(owed)
-        out = []
-        while self._new:
-            slot = self.slots[self._new[0]]
-            engine = self._new_engine(slot, owed)
-            if engine is None:
-                break  # NOTE: strict data order: a later, smaller trajectory never jumps the queue
-            self._new.popleft()
-            out.append(self._start(slot, engine))
-        return out
+        out: list[Dispatch] = []
 
-    def _admit_predicted(self, owed: list[int] | None) -> list[Dispatch]:
-        """`_admit_kv` in predicted order: the group ranked first (`_admit_rank`) starts its
-        next sample, while that one fits somewhere (no later, smaller one jumps the queue)."""
-        out = []
-        groups = self._new_by_group
-        order = [(self._admit_rank(g), i, g) for i, g in enumerate(groups) if groups[g]]
-        heapq.heapify(order)
-        while order:
-            _, i, group = order[0]
-            slot = self.slots[groups[group][0]]
+        def start(key: Hashable) -> bool:
+            slot = self.slots[key]
             engine = self._new_engine(slot, owed)
-            if engine is None:
-                break
-            groups[group].popleft()
-            out.append(self._start(slot, engine))
-            if groups[group]:
-                heapq.heapreplace(order, (self._admit_rank(group), i, group))
-            else:
-                heapq.heappop(order)
+            if engine is not None:
+                out.append(self.start_on(slot, engine))
+            return engine is not None
+
+        self.new.admit(start)
         return out
 
     def _new_engine(self, slot: Slot, owed: list[int] | None) -> int | None:
         """Where a new trajectory starts (its reservation made): a tail engine with room if it
         is predicted long, else the engine with the most free KV; None: it fits nowhere now."""
-        need, engine = self._admit_tokens(slot), None
-        if self.tail is not None and self.tail.engines and self._is_long(slot):
+        need, engine = self.admit_tokens(slot), None
+        if self.tail is not None and self.tail.engines and incremental.is_long(self, slot):
             fits = [
                 e
                 for e in self.tail.engines
-                if self.tail.has_room(e, need, self._pending[e], self._below_cap(e))
+                if self.tail.has_room(e, need, self.pending[e], self.below_cap(e))
             ]
             engine = min(fits, key=self.ledger.used) if fits else None
         if engine is None:
-            engine = self._most_free_fitting(need, owed, self._closed_to(slot))
+            engine = self.most_free_fitting(need, owed, incremental.closed_to(self, slot))
         if engine is not None:
             self.ledger.reserve(slot.key, engine, need)
         return engine
 
-    def _admit_rank(self, group: Hashable) -> tuple[int, float, int]:
-        """Which group's next sample starts first (smallest first): a group none of whose
-        samples has produced anything (to learn its length), then the longest predicted, ties
-        to the group with the fewest started (so the first wave spreads over all prompts)."""
-        started = self.lengths.num_started(group)
-        predicted = self.lengths.group_median(group)
-        if predicted is None:
-            return (0, 0.0, started)
-        return (1, -predicted, started)
-
-    def _split_static(self) -> None:
-        # NOTE: contiguous chunks, as verl splits a batch over its rollout workers: the samples
-        # of one problem (adjacent in the batch) land on one engine, hard problems included.
-        num = len(self._new)
-        for i, key in enumerate(self._new):
-            engine = i * self.num_engines // num
-            self.slots[key].engine = engine
-            self._new_by_engine[engine].append(key)
-        self._new.clear()
-
-    def _admit_static(self) -> list[Dispatch]:
-        if self._new:
-            self._split_static()
-        out = []
-        for engine, queue in enumerate(self._new_by_engine):
-            while queue and self._below_cap(engine):
-                slot = self.slots[queue.popleft()]
-                self.ledger.force_reserve(slot.key, engine, slot.worst_case_tokens)
-                out.append(self._start(slot, engine))
-        return out
-
-    def _admit_least_requests(self) -> list[Dispatch]:
-        out = []
-        while self._new:
-            open_engines = [e for e in range(self.num_engines) if self._below_cap(e)]
-            if not open_engines:
-                break
-            engine = min(open_engines, key=lambda e: (self.num_running[e], self.num_active[e], e))
-            slot = self.slots[self._new.popleft()]
-            self.ledger.force_reserve(slot.key, engine, slot.worst_case_tokens)
-            out.append(self._start(slot, engine))
-        return out
-
     # -- bookkeeping ---------------------------------------------------------------------------
 
-    def _start(self, slot: Slot, engine: int) -> Dispatch:
+    def start_on(self, slot: Slot, engine: int) -> Dispatch:
         slot.started = True
         self.num_new -= 1
         self.lengths.update(slot.key, 0)
@@ -613,7 +435,7 @@ class Scheduler:
         self._set_running(engine, +1)
         return Dispatch(slot.key, engine, self._gen_tokens(slot))
 
-    def _migrate(self, slot: Slot, engine: int) -> None:
+    def migrate(self, slot: Slot, engine: int) -> None:
         """Make `engine` the trajectory's new home (its next request re-prefills there)."""
         slot.num_migrations += 1
         self.num_migrations += 1
@@ -628,8 +450,8 @@ class Scheduler:
             self.lengths.update(slot.key, slot.num_tokens - slot.prompt_tokens, done=True)
         else:  # finished before it ever ran (e.g. cancelled): drop it from the new queues
             self.num_new -= 1
-            by_group = self._new_by_group.get(slot.group, deque())
-            for queue in (self._new, *self._new_by_engine, by_group):
+            self.new.discard(slot.key, slot.group)
+            for queue in self.static_queues:
                 if slot.key in queue:
                     queue.remove(slot.key)
         slot.status = Status.DONE
@@ -638,7 +460,7 @@ class Scheduler:
     def _set_running(self, engine: int, delta: int) -> None:
         before = self.num_running[engine]
         self.num_running[engine] += delta
-        now, since = self._clock(), self._busy_since[engine]
+        now, since = self.clock(), self._busy_since[engine]
         if before == 0 and delta > 0:
             self._busy_since[engine] = now
         elif self.num_running[engine] == 0 and since is not None:

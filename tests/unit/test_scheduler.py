@@ -320,7 +320,7 @@ def run_script(s, scripts, tool_s=3.0):
     """Play scripted trajectories; each request produces the scripted tokens at 1 token per time
     unit. scripts[key] = list of (num_tokens, "tool" | "stop"). Returns the finish time."""
     now = [0.0]
-    s._clock = lambda: now[0]
+    s.clock = lambda: now[0]
     turn = {k: 0 for k in scripts}
     length = {k: s.slots[k].num_tokens for k in scripts}
     events, seq = [], 0
