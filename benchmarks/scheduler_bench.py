@@ -55,7 +55,12 @@
     (half the trajectories done only at 261 s against 99 s: the long contexts fill the KV). On
     the H100 the trajectories that finish last are mostly a prompt's outliers (a sample several
     times longer than its siblings, so started late with the short prompts), which no sibling
-    predicts.
+    predicts. The full-load path (`full_load_path_s`, printed per seed) puts a number on the
+    tension: at the work bound's batch and KV an H100 decode step costs 33.5 ms, so an 8K
+    trajectory needs ~275 s there, 1.16-1.22x the work bound on seeds 0-2 (MI300X: a batch of
+    256 reading ~590K context tokens, 50 ms a step, 3.6-3.8x). A schedule near the work bound
+    keeps its engines that full, and then its slowest trajectories alone miss a 1.15x target;
+    finishing them sooner means running their engines lighter, which the work bound does not pay.
     python benchmarks/scheduler_bench.py                 # both parts (a takes minutes on 2 cores)
     python benchmarks/scheduler_bench.py --part a --repeats 3  # each policy 3 times, interleaved; medians
     python benchmarks/scheduler_bench.py --part b                 # simulated MI300X cluster (~30 s)

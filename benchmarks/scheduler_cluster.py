@@ -8,6 +8,10 @@ each row is set against:
   prefill to its last token: prompt and tool answers prefilled, every token decoded at batch 1,
   every tool call's latency waited in full;
 - the step floor (`step_floor_s`, an estimate, not a bound);
+- the full-load path (`full_load_path_s`, not a bound): the slowest trajectory's time on an
+  engine held at the work bound's load. Above the work bound it says the two bounds pull against
+  each other: an engine full enough for the work bound decodes its longest trajectories too
+  slowly to finish by then, and one run lighter for them gives up throughput;
 - the start-limited bound of its own run (`SimResult.start_bound_s`): had every trajectory run
   alone from the moment this policy started it. The time above it was lost to sharing engines;
   the time between it and the bounds, to starting late.
@@ -57,7 +61,14 @@ def run_sims(args, cost) -> None:
 def run_sim(args, cost, seed: int) -> list[dict]:
     """Simulate every selected policy on one workload; print the tables; one record per row."""
     from scheduler_bench import _sched_config, _selected
-    from scheduler_sim import lower_bound_s, make_workload, order_groups, simulate, step_floor_s
+    from scheduler_sim import (
+        full_load_path_s,
+        lower_bound_s,
+        make_workload,
+        order_groups,
+        simulate,
+        step_floor_s,
+    )
 
     work = make_workload(args.sim_prompts, args.sim_samples, args.sim_max_response, seed)
     work = order_groups(work, args.sim_samples, args.sim_order, args.sim_max_response)
@@ -65,6 +76,9 @@ def run_sim(args, cost, seed: int) -> list[dict]:
         work, args.sim_engines, args.sim_kv_tokens, args.sim_max_response, cost, args.sim_max_seqs
     )
     floor = step_floor_s(work, args.sim_engines, args.sim_max_response, cost)
+    full_load = full_load_path_s(
+        work, args.sim_kv_tokens, args.sim_max_response, cost, args.sim_max_seqs
+    )
     runs = [(name, name, False) for name in _selected(args)]
     if args.sim_oracle:  # what-if rows: the same policies told every true length
         runs += [(f"{n} (oracle)", n, True) for n in ORACLE_ROWS if n in _selected(args)]
@@ -88,14 +102,17 @@ def run_sim(args, cost, seed: int) -> list[dict]:
             flush=True,
         )
     records = [
-        _record(seed, name, r, work_lb, path_lb, floor[0], results) for name, r in results.items()
+        _record(seed, name, r, (work_lb, path_lb, floor[0], full_load), results)
+        for name, r in results.items()
     ]
-    _print_header(args, cost, seed, work_lb, path_lb, floor)
+    _print_header(args, cost, seed, work_lb, path_lb, floor, full_load)
     _print_rows(records, results)
     return records
 
 
-def _record(seed, name, r, work_lb, path_lb, floor_s, results) -> dict:
+def _record(seed, name, r, bounds, results) -> dict:
+    work_lb, path_lb, floor_s, full_load_s = bounds
+
     def ratio(base: str) -> float | None:
         return results[base].makespan_s / r.makespan_s if base in results else None
 
@@ -106,6 +123,7 @@ def _record(seed, name, r, work_lb, path_lb, floor_s, results) -> dict:
         "work_bound_s": work_lb,
         "critical_path_s": path_lb,
         "step_floor_s": floor_s,
+        "full_load_path_s": full_load_s,
         "start_bound_s": r.start_bound_s,
         "least_requests_ratio": ratio("least-requests"),
         "static_ratio": ratio("static"),
@@ -119,7 +137,7 @@ def _record(seed, name, r, work_lb, path_lb, floor_s, results) -> dict:
     }
 
 
-def _print_header(args, cost, seed, work_lb, path_lb, floor) -> None:
+def _print_header(args, cost, seed, work_lb, path_lb, floor, full_load_s) -> None:
     from scheduler_sim import GPUS
 
     floor_s, floor_tokens, num_floor = floor
@@ -145,6 +163,11 @@ def _print_header(args, cost, seed, work_lb, path_lb, floor) -> None:
         f"{floor_tokens} decode steps x {cost.a_s * 1e3:.2f} ms on every engine "
         f"({num_floor} trajectories decode >= {floor_tokens} tokens, >= 1 per engine) + "
         f"each engine's share of the per-token work"
+    )
+    print(
+        f"full-load path (not a bound; scheduler_sim.full_load_path_s): {full_load_s:.1f} s = "
+        f"{full_load_s / max(work_lb, path_lb):.3f} x max bound: the slowest trajectory on an "
+        f"engine held at the work bound's batch and KV"
     )
 
 
@@ -335,6 +358,8 @@ def write_json(path: Path, args, cost, records, checks, partial, default: str) -
             "answers prefilled, every token decoded at batch 1, every tool call waited in full",
             "step_floor_s": "estimate, not a bound: the num_engines-th longest decode count x "
             "the fixed step cost, plus each engine's share of the per-token work",
+            "full_load_path_s": "not a bound: the slowest trajectory's time when each of its "
+            "decode steps costs what a step at the work bound's batch and KV does",
             "start_bound_s": "had every trajectory of this run run alone from when it started",
             "least_requests_ratio": "least-requests' makespan / this makespan",
             "migration_overhead_share": "time re-prefilling contexts on the engines trajectories "

@@ -719,6 +719,45 @@ def lower_bound_s(
     tool response prefilled once, spread evenly over all engines, no engine ever idle.
     Critical path: the slowest single trajectory's `own_min_s` (alone on an engine, batch 1).
     """
+    total_tokens, ctx_token_sum, prefill = _totals(workload, max_response)
+    batch, _ = _full_batch(total_tokens, ctx_token_sum, capacity_tokens, max_num_seqs)
+    per_token = cost.a_s / batch + cost.b_s
+    work = (total_tokens * per_token + cost.c_s * ctx_token_sum + cost.p_s * prefill) / num_engines
+    path = max(own_min_s(t, max_response, cost) for t in workload)
+    return work, path
+
+
+def full_load_path_s(
+    workload: list[SimTraj],
+    capacity_tokens: int,
+    max_response: int,
+    cost: Cost,
+    max_num_seqs: int = 256,
+) -> float:
+    """Not a bound: the slowest trajectory's time on an engine held at the work bound's load.
+
+    The work bound runs every engine at one batch B (`lower_bound_s`) holding B x the mean
+    context in KV, so each decode step there costs a + b B + c (B x mean context). This is the
+    longest any trajectory takes when every one of its steps costs that (its prefills and tool
+    calls as in `own_min_s`). A schedule whose engines all stay at that load (the work bound's
+    premise) cannot finish before it; to finish its slowest trajectories sooner it must run
+    their engines lighter, which costs throughput. When this exceeds the work bound, the two
+    bounds pull against each other and their max is not reachable at once.
+    """
+    total_tokens, ctx_token_sum, _ = _totals(workload, max_response)
+    batch, mean_ctx = _full_batch(total_tokens, ctx_token_sum, capacity_tokens, max_num_seqs)
+    step_s = cost.step_s(batch, batch * mean_ctx)
+    slowest = 0.0
+    for t in workload:
+        own = cost.p_s * t.prompt_tokens
+        for _, n, tool_s, chunk in _turns(t, max_response):
+            own += n * step_s + tool_s + cost.p_s * chunk
+        slowest = max(slowest, own)
+    return slowest
+
+
+def _totals(workload: list[SimTraj], max_response: int) -> tuple[int, float, int]:
+    """(decoded tokens, context tokens read while decoding them, prefilled tokens), summed."""
     total_tokens, ctx_token_sum, prefill = 0, 0.0, 0
     for t in workload:
         prefill += t.prompt_tokens
@@ -726,12 +765,16 @@ def lower_bound_s(
             total_tokens += n
             ctx_token_sum += _attention_tokens(c, n)
             prefill += chunk
+    return total_tokens, ctx_token_sum, prefill
+
+
+def _full_batch(
+    total_tokens: int, ctx_token_sum: float, capacity_tokens: int, max_num_seqs: int
+) -> tuple[int, float]:
+    """(the batch the work bound assumes: as many mean contexts as the KV holds, at most
+    `max_num_seqs`; that mean context, decoded-token weighted)."""
     mean_ctx = ctx_token_sum / max(total_tokens, 1)
-    batch = max(1, min(max_num_seqs, int(capacity_tokens / max(mean_ctx, 1))))
-    per_token = cost.a_s / batch + cost.b_s
-    work = (total_tokens * per_token + cost.c_s * ctx_token_sum + cost.p_s * prefill) / num_engines
-    path = max(own_min_s(t, max_response, cost) for t in workload)
-    return work, path
+    return max(1, min(max_num_seqs, int(capacity_tokens / max(mean_ctx, 1)))), mean_ctx
 
 
 def step_floor_s(

@@ -14,7 +14,14 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
 from partial_rollout import simulate_partial  # noqa: E402
-from scheduler_sim import Cost, SimTraj, make_workload, simulate  # noqa: E402
+from scheduler_sim import (  # noqa: E402
+    Cost,
+    SimTraj,
+    full_load_path_s,
+    lower_bound_s,
+    make_workload,
+    simulate,
+)
 
 from rstar2cli.scheduler.scheduler import SchedulerConfig  # noqa: E402
 
@@ -96,3 +103,16 @@ def test_an_oracle_run_starts_the_truly_longest_first():
     assert blind.last_own_s == pytest.approx(own["long"])
     assert oracle.last_own_s == pytest.approx(own["short"])
     assert oracle.last_start_s == pytest.approx(own["long"])
+
+
+def test_the_full_load_path_runs_every_step_at_the_work_bounds_batch_and_kv():
+    # one trajectory: a 100-token prompt, one 50-token turn. Its context while decoding averages
+    # (50 x 100 + 50 x 49 / 2) / 50 = 124.5 tokens, so 1000 KV tokens hold 8; max_num_seqs caps
+    # the batch at 4, holding 4 x 124.5 = 498 tokens. A step there: 10 ms + 4 x 1 ms + 498 x
+    # 0.01 ms = 18.98 ms; the path: 100 x 1 ms of prefill + 50 steps = 0.1 + 0.949 s.
+    cost = Cost(a_s=0.01, b_s=0.001, c_s=1e-5, p_s=0.001)
+    work = [SimTraj(100, [50], [], [])]
+    assert full_load_path_s(work, 1000, 8192, cost, max_num_seqs=4) == pytest.approx(1.049)
+    # alone (batch 1, its own context only) the same trajectory is faster: the critical path
+    _, path = lower_bound_s(work, 1, 1000, 8192, cost, max_num_seqs=4)
+    assert path == pytest.approx(0.1 + 50 * (0.01 + 0.001) + 1e-5 * 6225)
