@@ -36,8 +36,8 @@ if TYPE_CHECKING:
 
 
 def place(s: Scheduler, slot: Slot) -> int | None:
-    """Grow the reservation at home, or (after `migrate_after_s`, or at once when nothing runs
-    at home to free room) move to the engine with the most free KV; None: keep waiting."""
+    """The engine `slot`'s next request goes to, its reservation made there (steps 1-4 of the
+    module docstring, in order); None: it keeps waiting at home."""
     need, home = s.admit_tokens(slot), slot.home
     held = s.ledger.holding(slot.key)
     tail = _tail_engine(s, slot, need, held.num_tokens if held else 0)
