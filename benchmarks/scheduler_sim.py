@@ -48,6 +48,7 @@ import math
 import random
 import sys
 from collections import OrderedDict, deque
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -699,9 +700,21 @@ def _attention_tokens(c: int, n: int) -> float:
 def own_min_s(t: SimTraj, max_response: int, cost: Cost) -> float:
     """The least time trajectory `t` can take anywhere: alone on an engine (batch 1), its prompt
     and tool responses prefilled, every decode step at batch 1, every tool latency in full."""
+    alone_s = cost.step_s(1, 0)
+    return _trajectory_s(
+        t, max_response, cost, lambda c, n: n * alone_s + cost.c_s * _attention_tokens(c, n)
+    )
+
+
+def _trajectory_s(
+    t: SimTraj, max_response: int, cost: Cost, decode_s: Callable[[int, int], float]
+) -> float:
+    """Trajectory `t`'s time from its first prefill to its last token: its prompt and tool
+    responses prefilled, every tool latency in full, and `decode_s(context, n)` for decoding n
+    tokens from that context."""
     own = cost.p_s * t.prompt_tokens
     for c, n, tool_s, chunk in _turns(t, max_response):
-        own += n * cost.step_s(1, 0) + cost.c_s * _attention_tokens(c, n)
+        own += decode_s(c, n)
         own += tool_s + cost.p_s * chunk
     return own
 
@@ -749,13 +762,7 @@ def full_load_path_s(
     total_tokens, ctx_token_sum, _ = _totals(workload, max_response)
     batch, mean_ctx = _full_batch(total_tokens, ctx_token_sum, capacity_tokens, max_num_seqs)
     step_s = cost.step_s(batch, batch * mean_ctx)
-    slowest = 0.0
-    for t in workload:
-        own = cost.p_s * t.prompt_tokens
-        for _, n, tool_s, chunk in _turns(t, max_response):
-            own += n * step_s + tool_s + cost.p_s * chunk
-        slowest = max(slowest, own)
-    return slowest
+    return max(_trajectory_s(t, max_response, cost, lambda _, n: n * step_s) for t in workload)
 
 
 def _totals(workload: list[SimTraj], max_response: int) -> tuple[int, float, int]:

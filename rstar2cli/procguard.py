@@ -67,16 +67,18 @@ def descendants(pid: int) -> list[int]:
     return out
 
 
+def _tree(root: int, skip: int | None) -> set[tuple[int, int]]:
+    """(pid, start time) of every process below `root` but `skip` (the guardian)."""
+    return {(p, t) for p in descendants(root) if p != skip and (t := _start_time(p)) is not None}
+
+
 def guard_descendants() -> None:
     """Register every process now below this one with the guardian (started on first use)."""
     global _guardian
     if not sys.platform.startswith("linux"):
         return
     me = os.getpid()
-    found = [(p, t) for p in descendants(me) if (t := _start_time(p)) is not None]
-    if _guardian is not None:
-        found = [(p, t) for p, t in found if p != _guardian.pid]
-    new = [pt for pt in found if pt not in _guarded]
+    new = _tree(me, skip=_guardian.pid if _guardian is not None else None) - _guarded
     if not new:
         return
     if _guardian is None or _guardian.poll() is not None:
@@ -129,7 +131,7 @@ def _serve(parent: int) -> None:
         if os.getppid() != parent:  # it died before the prctl took effect
             raise _ParentDied
         while _read_lines(pending, guarded):
-            seen = _tree(parent)
+            seen = _tree(parent, skip=os.getpid())
         # the pipe closed: the parent is exiting (or was killed); wait for its death to be sure
         deadline = time.monotonic() + 10.0
         while os.getppid() == parent and time.monotonic() < deadline:
@@ -158,12 +160,6 @@ def _read_lines(pending: list[bytes], into: set[tuple[int, int]]) -> bool:
     *lines, pending[0] = (pending[0] + chunk).split(b"\n")
     into |= _parse(lines)
     return True
-
-
-def _tree(parent: int) -> set[tuple[int, int]]:
-    """(pid, start time) of every process below `parent` but this one."""
-    me = os.getpid()
-    return {(p, t) for p in descendants(parent) if p != me and (t := _start_time(p)) is not None}
 
 
 def _parse(lines: list[bytes]) -> set[tuple[int, int]]:

@@ -79,9 +79,6 @@ class StageRun:
 
     # -- set-up ---------------------------------------------------------------------------
 
-    def _sched_config(self) -> Any:
-        return scheduler_config(self.recipe.rollout)
-
     def _agent_config(self, seed_base: int, temperature: float) -> Any:
         from rstar2cli.agent.loop import AgentConfig
 
@@ -375,7 +372,7 @@ class StageRun:
             items,
             self.tokenizer,
             self._agent_config(seed, temperature),
-            self._sched_config(),
+            scheduler_config(self.recipe.rollout),
             tools,
             sink,
             on_tick=on_tick,
