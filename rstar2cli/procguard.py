@@ -3,9 +3,13 @@
 vLLM starts an engine-core process (and its workers) per engine, and a local Ray instance starts
 its own daemons; none of them notices when the command that started them is killed with
 `kill -9`, so they would live on under PID 1 holding gigabytes. `guard_descendants()` hands every
-process below this one to a guardian: a small separate interpreter (`python -m
-rstar2cli.procguard`) that asks the kernel for a signal when this process dies (prctl
-PR_SET_PDEATHSIG) and then kills every process it was given, with their own descendants.
+process below this one to a guardian: a small separate interpreter (this file as a script) that
+asks the kernel for a signal when this process dies (prctl PR_SET_PDEATHSIG) and then kills every
+process it was given, with their own descendants. The signal only wakes the guardian: the kernel
+sends it whenever the *thread* that is the guardian's parent exits, so several times while a
+multi-threaded process dies and even while the process lives on if the thread that started the
+guardian ends. The guardian decides by asking whether its parent has changed (getppid), on each
+signal and every `WATCH_PERIOD_S`.
 
 Processes are named by (pid, start time), so a pid the system reuses later is never killed. Call
 `guard_descendants()` after starting engines or Ray: it registers whatever is new. The guardian
@@ -25,7 +29,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 _guardian: subprocess.Popen[bytes] | None = None
@@ -33,27 +36,28 @@ _guarded: set[tuple[int, int]] = set()
 WATCH_PERIOD_S = 1.0  # how often the guardian looks at the tree below the command
 
 
-def _start_time(pid: int) -> int | None:
-    """The process's start time in clock ticks since boot (field 22 of /proc/PID/stat)."""
+def _stat_fields(pid: int | str) -> list[bytes] | None:
+    """The fields of /proc/PID/stat after the name (field 3 on), or None if it cannot be read."""
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
+        stat = Path(f"/proc/{pid}/stat").read_bytes()
     except OSError:
         return None
-    fields = stat[stat.rindex(")") + 2 :].split()  # the name may hold spaces and brackets
-    return int(fields[19])
+    # NOTE: the name may hold spaces, brackets and bytes of any encoding; bytes, never text
+    fields = stat[stat.rfind(b")") + 2 :].split()
+    return fields if len(fields) > 19 and fields[1].isdigit() and fields[19].isdigit() else None
+
+
+def _start_time(pid: int) -> int | None:
+    """The process's start time in clock ticks since boot (field 22 of /proc/PID/stat)."""
+    fields = _stat_fields(pid)
+    return int(fields[19]) if fields is not None else None
 
 
 def _children_map() -> dict[int, list[int]]:
     children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        ppid = int(stat[stat.rindex(")") + 2 :].split()[1])
-        children.setdefault(ppid, []).append(int(entry.name))
+    for name in os.listdir("/proc"):
+        if name.isdigit() and (fields := _stat_fields(name)) is not None:
+            children.setdefault(int(fields[1]), []).append(int(name))
     return children
 
 
@@ -109,57 +113,44 @@ def _kill_tree(pid: int, start: int) -> None:
             pass
 
 
-class _ParentDied(Exception):
-    pass
-
-
 def _serve(parent: int) -> None:
     """Read (pid, start time) lines and look at the tree below `parent` until it dies, then kill
-    what the lines name and what the last look found."""
+    what the lines name and what the last two looks found."""
     import ctypes
-
-    def on_parent_death(*_: object) -> None:
-        raise _ParentDied  # NOTE: raising breaks the blocked wait; a flag would not
-
-    guarded: set[tuple[int, int]] = set()
-    seen: set[tuple[int, int]] = set()  # the tree below the parent at the last look
-    pending = [b""]  # a line not yet whole
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, on_parent_death)
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM, 0, 0, 0)  # PR_SET_PDEATHSIG
-        if os.getppid() != parent:  # it died before the prctl took effect
-            raise _ParentDied
-        while _read_lines(pending, guarded):
-            seen = _tree(parent, skip=os.getpid())
-        # the pipe closed: the parent is exiting (or was killed); wait for its death to be sure
-        deadline = time.monotonic() + 10.0
-        while os.getppid() == parent and time.monotonic() < deadline:
-            time.sleep(0.05)
-        if os.getppid() == parent:
-            return  # it lives on without us: nothing to do
-        raise _ParentDied
-    except _ParentDied:
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        guarded |= _unread_lines(pending[0])  # what the parent wrote just before it died
-        for pid, start in guarded | seen:
-            _kill_tree(pid, start)
-
-
-def _read_lines(pending: list[bytes], into: set[tuple[int, int]]) -> bool:
-    """Wait up to WATCH_PERIOD_S for lines on stdin and add them to `into`; False: it closed."""
     import select
 
-    fd = sys.stdin.fileno()
-    ready, _, _ = select.select([fd], [], [], WATCH_PERIOD_S)
-    if not ready:
-        return True
-    chunk = os.read(fd, 65536)
-    if not chunk:
-        return False
-    *lines, pending[0] = (pending[0] + chunk).split(b"\n")
-    into |= _parse(lines)
-    return True
+    # NOTE: no signal handler raises or decides anything: a signal (the parent-death SIGTERM, or
+    # a stray one) only wakes the select through the wakeup pipe, and whether the parent is gone
+    # is asked of the kernel (getppid) every time round. When it dies the kernel closes the
+    # pipe's end, reparents us and signals us in whatever order; each of them wakes the wait.
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_w, False)
+    signal.set_wakeup_fd(wake_w)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, lambda *_: None)
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM, 0, 0, 0)  # PR_SET_PDEATHSIG
+    stdin, me = sys.stdin.fileno(), os.getpid()
+    guarded: set[tuple[int, int]] = set()
+    looks: tuple[set[tuple[int, int]], ...] = (set(), set())  # the tree below parent, last two
+    pending = b""  # a line not yet whole
+    watched = [stdin, wake_r]
+    while os.getppid() == parent:  # already false if it died before the prctl took effect
+        ready, _, _ = select.select(watched, [], [], WATCH_PERIOD_S)
+        if wake_r in ready:
+            os.read(wake_r, 4096)
+        if stdin in ready:
+            chunk = os.read(stdin, 65536)
+            if not chunk:
+                watched.remove(stdin)  # the parent is exiting: its death follows
+            *lines, pending = (pending + chunk).split(b"\n")
+            guarded |= _parse(lines)
+        tree = _tree(parent, skip=me)
+        if os.getppid() == parent:  # NOTE: a look taken while it died may miss some (reparented)
+            looks = (looks[1], tree)
+    if stdin in watched:  # what the parent wrote just before it died
+        guarded |= _parse(_read_available(stdin, pending).splitlines())
+    for pid, start in guarded | looks[0] | looks[1]:
+        _kill_tree(pid, start)
 
 
 def _parse(lines: list[bytes]) -> set[tuple[int, int]]:
@@ -167,19 +158,16 @@ def _parse(lines: list[bytes]) -> set[tuple[int, int]]:
     return {(int(a), int(b)) for a, b in pairs}
 
 
-def _unread_lines(pending: bytes) -> set[tuple[int, int]]:
-    fd = sys.stdin.fileno()
+def _read_available(fd: int, data: bytes) -> bytes:
     os.set_blocking(fd, False)
-    data = pending
     while True:
         try:
             chunk = os.read(fd, 65536)
         except BlockingIOError:
-            break
+            return data
         if not chunk:
-            break
+            return data
         data += chunk
-    return _parse(data.splitlines())
 
 
 if __name__ == "__main__":

@@ -90,18 +90,19 @@ def test_kill_9_of_the_command_takes_its_engine_processes_along(tmp_path, tiny_m
 
     data = tmp_path / "p.jsonl"
     write_problems(data, num=NUM_PROBLEMS)
-    out = tmp_path / "traces.jsonl"
-    proc = subprocess.Popen(
-        [
-            *RSTAR2, "rollout", "--model", str(tiny_model_dir), "--data", str(data),
-            "--out", str(out), "--samples", str(SAMPLES), "--max-response-tokens", "96",
-            "--kv-cache-tokens", "8192",
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        env={**os.environ, **OFFLINE},
-        start_new_session=True,
-    )  # fmt: skip
+    out, err = tmp_path / "traces.jsonl", tmp_path / "stderr.txt"  # the guardian's stderr too
+    with err.open("wb") as stderr:
+        proc = subprocess.Popen(
+            [
+                *RSTAR2, "rollout", "--model", str(tiny_model_dir), "--data", str(data),
+                "--out", str(out), "--samples", str(SAMPLES), "--max-response-tokens", "96",
+                "--kv-cache-tokens", "8192",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=stderr,
+            env={**os.environ, **OFFLINE},
+            start_new_session=True,
+        )  # fmt: skip
     try:
         deadline = time.monotonic() + 400
         while not _rows(out):  # engines up, trajectories finishing
@@ -115,7 +116,7 @@ def test_kill_9_of_the_command_takes_its_engine_processes_along(tmp_path, tiny_m
         deadline = time.monotonic() + 30
         while (left := [p for p in below if _alive(p)]) and time.monotonic() < deadline:
             time.sleep(0.2)
-        assert not left, [_cmdline(p) for p in left]
+        assert not left, ([_cmdline(p) for p in left], err.read_text()[-3000:])
     finally:
         if proc.poll() is None:
             proc.kill()

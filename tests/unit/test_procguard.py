@@ -85,6 +85,87 @@ def test_a_process_started_after_registering_dies_too():
             os.killpg(parent.pid, signal.SIGKILL)
 
 
+THREADED = textwrap.dedent(
+    """
+    import subprocess, sys, threading, time
+    from rstar2cli import procguard
+    child = subprocess.Popen(["sleep", "300"])
+    procguard.guard_descendants()
+    for _ in range(64):  # as an engine-running command has: each one's exit re-sends the signal
+        threading.Thread(target=time.sleep, args=(300,), daemon=True).start()
+    print(child.pid, flush=True)
+    time.sleep(300)
+    """
+)
+
+
+def test_a_multi_threaded_parent_killed_again_and_again_never_leaves_its_child():
+    # NOTE: a dying process's threads exit one by one and each exit re-sends the guardian its
+    # parent-death signal, microseconds apart; a guardian that acted on the signal itself died of
+    # the second one now and then (a few runs in a hundred), leaving the child alive
+    for _ in range(10):
+        parent = subprocess.Popen(
+            [sys.executable, "-c", THREADED],
+            stdout=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
+        try:
+            child = int(parent.stdout.readline())
+            parent.kill()
+            parent.wait()
+            deadline = time.monotonic() + 10
+            while _alive(child) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert not _alive(child)
+        finally:
+            if _alive(child):
+                os.kill(child, signal.SIGKILL)
+
+
+STRAY = textwrap.dedent(
+    """
+    import os, subprocess, sys, time
+    from rstar2cli import procguard
+    child = subprocess.Popen(["sleep", "300"])
+    procguard.guard_descendants()
+    if os.fork() == 0:  # a forked child holds the guardian's pipe open after the parent dies
+        time.sleep(300)
+    print(child.pid, procguard._guardian.pid, flush=True)
+    time.sleep(300)
+    """
+)
+
+
+def test_stray_signals_never_make_the_guardian_act_and_an_open_pipe_never_stops_it():
+    parent = subprocess.Popen(
+        [sys.executable, "-c", STRAY], stdout=subprocess.PIPE, text=True, start_new_session=True
+    )
+    try:
+        child, guardian = (int(p) for p in parent.stdout.readline().split())
+        deadline = time.monotonic() + 10
+        while not _catches(guardian, signal.SIGTERM) and time.monotonic() < deadline:
+            time.sleep(0.02)  # it is set up (before that, SIGTERM's default would end it)
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGTERM):  # the parent lives on
+            os.kill(guardian, sig)
+        time.sleep(1.5 * procguard.WATCH_PERIOD_S)
+        assert _alive(child) and _alive(guardian)
+        parent.kill()
+        parent.wait()
+        deadline = time.monotonic() + 10
+        while _alive(child) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not _alive(child)
+    finally:
+        os.killpg(parent.pid, signal.SIGKILL)  # the forked child, and the parent if still there
+
+
+def _catches(pid: int, sig: int) -> bool:
+    with open(f"/proc/{pid}/status") as f:
+        caught = next(int(ln.split()[1], 16) for ln in f if ln.startswith("SigCgt:"))
+    return bool(caught >> (sig - 1) & 1)
+
+
 def test_a_reused_pid_is_never_killed():
     other = subprocess.Popen(["sleep", "30"])
     try:
