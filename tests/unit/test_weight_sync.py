@@ -116,3 +116,38 @@ def test_three_process_gloo_group_delivers_every_tensor_exactly():
         assert got.keys() == dict(model.named_parameters()).keys()
         assert all(torch.equal(got[n], p.detach()) for n, p in model.named_parameters())
     assert ws.send_module(model, None, plan, zero3=False, device="cpu") is None  # non-source rank
+
+
+def test_the_reload_drops_only_vllms_rotary_cache_warning():
+    import importlib.util
+    import logging
+    from pathlib import Path
+
+    from rstar2cli.scheduler import vllm_sync_worker as vw
+
+    # vLLM's own reload module logs this very message on this very logger (read, not imported)
+    vllm_dir = Path(importlib.util.find_spec("vllm").origin).parent
+    layerwise = vllm_dir / "model_executor/model_loader/reload/layerwise.py"
+    assert (
+        f'logger.warning("{vw.RELOAD_FAILED}", layer.__class__.__name__)' in layerwise.read_text()
+    )
+    assert vw.RELOAD_LOGGER == "vllm." + str(layerwise.relative_to(vllm_dir))[:-3].replace("/", ".")
+
+    logger, seen = logging.getLogger(vw.RELOAD_LOGGER), []
+
+    class Keep(logging.Handler):
+        def emit(self, record):
+            seen.append(record.getMessage())
+
+    handler = Keep()
+    logger.addHandler(handler)
+    try:
+        for layer in ("RotaryEmbedding", "Llama3RotaryEmbedding", "QKVParallelLinear"):
+            logger.warning(vw.RELOAD_FAILED, layer)
+        logger.warning("%s: Delayed processing", "RotaryEmbedding")
+    finally:
+        logger.removeHandler(handler)
+    assert seen == [
+        "QKVParallelLinear: Failed to load weights",
+        "RotaryEmbedding: Delayed processing",
+    ]
