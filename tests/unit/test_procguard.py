@@ -33,23 +33,40 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def test_children_and_grandchildren_die_when_the_parent_is_killed():
-    parent = subprocess.Popen(
-        [sys.executable, "-c", PARENT], stdout=subprocess.PIPE, text=True, start_new_session=True
+def _start(script: str) -> subprocess.Popen[str]:
+    """A parent running `script`, in a process group of its own with what it starts."""
+    return subprocess.Popen(
+        [sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, start_new_session=True
     )
+
+
+def _kill_and_wait(parent: subprocess.Popen[str], pids: list[int]) -> list[int]:
+    """SIGKILL the parent (none of its cleanup code runs); those of `pids` alive 10 s later."""
+    parent.kill()
+    parent.wait()
+    deadline = time.monotonic() + 10
+    while (left := [p for p in pids if _alive(p)]) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return left
+
+
+def _end_group(parent: subprocess.Popen[str]) -> None:
+    try:
+        os.killpg(parent.pid, signal.SIGKILL)  # whatever a failed test left in the group
+    except ProcessLookupError:
+        pass
+    parent.wait()
+
+
+def test_children_and_grandchildren_die_when_the_parent_is_killed():
+    parent = _start(PARENT)
     try:
         pids = [int(p) for p in parent.stdout.readline().split()]
         sleepers = [p for p in pids if open(f"/proc/{p}/comm").read().strip() == "sleep"]
         assert len(sleepers) == 2 and all(_alive(p) for p in pids)
-        parent.kill()  # SIGKILL: no cleanup code of the parent runs
-        parent.wait()
-        deadline = time.monotonic() + 10
-        while any(_alive(p) for p in sleepers) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert not any(_alive(p) for p in sleepers)
+        assert _kill_and_wait(parent, sleepers) == []
     finally:
-        if parent.poll() is None:
-            os.killpg(parent.pid, signal.SIGKILL)
+        _end_group(parent)
 
 
 LATE = textwrap.dedent(
@@ -68,21 +85,13 @@ LATE = textwrap.dedent(
 
 
 def test_a_process_started_after_registering_dies_too():
-    parent = subprocess.Popen(
-        [sys.executable, "-c", LATE], stdout=subprocess.PIPE, text=True, start_new_session=True
-    )
+    parent = _start(LATE)
     try:
         early, late = (int(p) for p in parent.stdout.readline().split())
         assert _alive(early) and _alive(late)
-        parent.kill()
-        parent.wait()
-        deadline = time.monotonic() + 10
-        while (_alive(early) or _alive(late)) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert not _alive(early) and not _alive(late)
+        assert _kill_and_wait(parent, [early, late]) == []
     finally:
-        if parent.poll() is None:
-            os.killpg(parent.pid, signal.SIGKILL)
+        _end_group(parent)
 
 
 THREADED = textwrap.dedent(
@@ -104,23 +113,12 @@ def test_a_multi_threaded_parent_killed_again_and_again_never_leaves_its_child()
     # parent-death signal, microseconds apart; a guardian that acted on the signal itself died of
     # the second one now and then (a few runs in a hundred), leaving the child alive
     for _ in range(10):
-        parent = subprocess.Popen(
-            [sys.executable, "-c", THREADED],
-            stdout=subprocess.PIPE,
-            text=True,
-            start_new_session=True,
-        )
+        parent = _start(THREADED)
         try:
             child = int(parent.stdout.readline())
-            parent.kill()
-            parent.wait()
-            deadline = time.monotonic() + 10
-            while _alive(child) and time.monotonic() < deadline:
-                time.sleep(0.05)
-            assert not _alive(child)
+            assert _kill_and_wait(parent, [child]) == []
         finally:
-            if _alive(child):
-                os.kill(child, signal.SIGKILL)
+            _end_group(parent)
 
 
 STRAY = textwrap.dedent(
@@ -138,9 +136,7 @@ STRAY = textwrap.dedent(
 
 
 def test_stray_signals_never_make_the_guardian_act_and_an_open_pipe_never_stops_it():
-    parent = subprocess.Popen(
-        [sys.executable, "-c", STRAY], stdout=subprocess.PIPE, text=True, start_new_session=True
-    )
+    parent = _start(STRAY)
     try:
         child, guardian = (int(p) for p in parent.stdout.readline().split())
         deadline = time.monotonic() + 10
@@ -150,14 +146,9 @@ def test_stray_signals_never_make_the_guardian_act_and_an_open_pipe_never_stops_
             os.kill(guardian, sig)
         time.sleep(1.5 * procguard.WATCH_PERIOD_S)
         assert _alive(child) and _alive(guardian)
-        parent.kill()
-        parent.wait()
-        deadline = time.monotonic() + 10
-        while _alive(child) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert not _alive(child)
+        assert _kill_and_wait(parent, [child]) == []
     finally:
-        os.killpg(parent.pid, signal.SIGKILL)  # the forked child, and the parent if still there
+        _end_group(parent)  # the forked child too
 
 
 def _catches(pid: int, sig: int) -> bool:
