@@ -77,15 +77,14 @@ def _tree(root: int, skip: int | None) -> set[tuple[int, int]]:
 
 
 def guard_descendants() -> None:
-    """Register every process now below this one with the guardian (started on first use)."""
+    """Register every process now below this one with the guardian, which is started on first
+    use (even with nothing below yet: its look at the tree covers what starts later)."""
     global _guardian
     if not sys.platform.startswith("linux"):
         return
     me = os.getpid()
-    new = _tree(me, skip=_guardian.pid if _guardian is not None else None) - _guarded
-    if not new:
-        return
     if _guardian is None or _guardian.poll() is not None:
+        _guarded.clear()  # NOTE: a new guardian (the last one died) knows nothing yet
         # NOTE: this very file as a script, isolated (-I -S): the guardian needs the standard
         # library only and starts in ~20 ms
         _guardian = subprocess.Popen(
@@ -93,6 +92,9 @@ def guard_descendants() -> None:
             stdin=subprocess.PIPE,
             start_new_session=True,  # a terminal's Ctrl-C is not its business
         )
+    new = _tree(me, skip=_guardian.pid) - _guarded
+    if not new:
+        return
     assert _guardian.stdin is not None
     _guardian.stdin.write("".join(f"{p} {t}\n" for p, t in new).encode())
     _guardian.stdin.flush()

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 RSTAR2 = [sys.executable, "-m", "rstar2cli.cli"]
 # NOTE: what every trajectory record holds (the rollout core's record), whichever command wrote it
@@ -47,3 +50,45 @@ def write_problems(path, num: int = 3) -> list[dict]:
     train, _ = make_synthetic("arith", 20, seed=0)
     path.write_text("".join(json.dumps(r) + "\n" for r in train[:num]))
     return train[:num]
+
+
+def kill_9_alone(proc: subprocess.Popen, wait_s: float = 30.0) -> tuple[list[str], list[str]]:
+    """`kill -9` of the command alone (not its group), as a user or a scheduler does it.
+
+    Returns the command lines of the processes below it then, and of those still alive `wait_s`
+    later: none, if rstar2cli.procguard did its work.
+    """
+    from rstar2cli.procguard import descendants
+
+    below = descendants(proc.pid)
+    names = [_cmdline(p) for p in below]
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    deadline = time.monotonic() + wait_s
+    while (left := [p for p in below if _alive(p)]) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return names, [_cmdline(p) for p in left]
+
+
+def end_group(proc: subprocess.Popen) -> None:
+    """Kill what is left of a command started with start_new_session=True (a failed test's)."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait()
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()[:300].replace(b"\0", b" ").decode()
+    except OSError:
+        return "?"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"  # a zombie is dead

@@ -17,7 +17,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from clihelpers import OFFLINE, RSTAR2, write_problems
+from clihelpers import OFFLINE, RSTAR2, end_group, kill_9_alone, write_problems
 
 NUM_PROBLEMS, SAMPLES = 12, 30
 
@@ -86,8 +86,6 @@ def test_interrupts_keep_only_finished_work_and_the_rerun_completes(tmp_path, ti
 
 
 def test_kill_9_of_the_command_takes_its_engine_processes_along(tmp_path, tiny_model_dir):
-    from rstar2cli.procguard import descendants
-
     data = tmp_path / "p.jsonl"
     write_problems(data, num=NUM_PROBLEMS)
     out, err = tmp_path / "traces.jsonl", tmp_path / "stderr.txt"  # the guardian's stderr too
@@ -108,39 +106,8 @@ def test_kill_9_of_the_command_takes_its_engine_processes_along(tmp_path, tiny_m
         while not _rows(out):  # engines up, trajectories finishing
             assert proc.poll() is None and time.monotonic() < deadline
             time.sleep(0.2)
-        below = descendants(proc.pid)
-        names = [Path(f"/proc/{p}/cmdline").read_bytes()[:200] for p in below]
-        assert any(b"vllm" in n.lower() or b"EngineCore" in n for n in names), names
-        os.kill(proc.pid, signal.SIGKILL)  # the command alone, as `kill -9 PID` does
-        proc.wait()
-        deadline = time.monotonic() + 30
-        while (left := [p for p in below if _alive(p)]) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert not left, ([_cmdline(p) for p in left], err.read_text()[-3000:])
+        below, left = kill_9_alone(proc)
+        assert any("vllm" in n.lower() or "EngineCore" in n for n in below), below
+        assert not left, (left, err.read_text()[-3000:])
     finally:
-        if proc.poll() is None:
-            proc.kill()
-        os.killpg(proc.pid, signal.SIGKILL) if _group_alive(proc.pid) else None
-
-
-def _cmdline(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes()[:300].replace(b"\0", b" ").decode()
-    except OSError:
-        return "?"
-
-
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
-
-
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    return True
+        end_group(proc)

@@ -7,9 +7,9 @@ something to choose from, and the update is not zero.
 
 - test_two_steps_write_everything: 2 steps, colocated (the engine sleeps during updates); metrics
   rows, checkpoint, plots, resolved recipe, final HF folder; the weights moved, by broadcast.
-- test_kill_during_step_two_then_resume_matches: a run killed with SIGKILL (process group: driver,
-  engine, sandbox children) during step 2, then rerun: its metrics rows and final weights equal an
-  uninterrupted run's exactly. Rollouts are reproducible because every request's sampling seed is a
+- test_kill_during_step_two_then_resume_matches: a run whose driver alone is killed with SIGKILL
+  during step 2 (everything it started dies with it: rstar2cli.procguard), then rerun: its metrics
+  rows and final weights equal an uninterrupted run's exactly. Rollouts are reproducible because every request's sampling seed is a
   function of (seed, step, problem, sample, turn) (`rstar2cli.rollout_job.seed_base`) and
   the engine samples each request with its own generator; the engine gets the checkpoint's
   weights before the first rollout after the resume. This test uses the transformers engine, whose
@@ -31,6 +31,7 @@ import time
 from pathlib import Path
 
 import pytest
+from clihelpers import end_group, kill_9_alone
 
 REPO = Path(__file__).resolve().parents[2]
 PROBLEMS = [
@@ -227,15 +228,16 @@ def test_two_steps_write_everything(setup):
 def test_kill_during_step_two_then_resume_matches(setup, uninterrupted):
     import torch
 
-    out = setup["root"] / "run_b"
-    proc = subprocess.Popen(
-        _cmd(setup, out) + HF,
-        cwd=REPO,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-        env=_env(),
-    )
+    out, err = setup["root"] / "run_b", setup["root"] / "run_b.stderr"
+    with err.open("wb") as stderr:
+        proc = subprocess.Popen(
+            _cmd(setup, out) + HF,
+            cwd=REPO,
+            stdout=subprocess.DEVNULL,
+            stderr=stderr,
+            start_new_session=True,
+            env=_env(),
+        )
     try:
         deadline = time.monotonic() + 600
         # step 1 is checkpointed once checkpoints/latest names step1; kill while step 2 runs
@@ -247,10 +249,10 @@ def test_kill_during_step_two_then_resume_matches(setup, uninterrupted):
             time.sleep(0.2)
         time.sleep(1.0)
         assert proc.poll() is None, "the run finished before it could be killed in step 2"
+        below, left = kill_9_alone(proc)  # nothing it started may live on (and write into out)
+        assert below and not left, (below, left, err.read_text()[-3000:])
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
+        end_group(proc)
     assert not (out / "final").exists()
     _run(_cmd(setup, out) + HF)  # resume
     a, b = _rows(uninterrupted), _rows(out)
