@@ -149,6 +149,32 @@ def test_stray_signals_never_make_the_guardian_act_and_an_open_pipe_never_stops_
         _end_group(parent)  # the forked child too
 
 
+NORMAL = textwrap.dedent(
+    """
+    import subprocess, sys
+    from rstar2cli import procguard
+    child = subprocess.Popen(["sleep", "300"])
+    procguard.guard_descendants()
+    print(procguard._guardian.pid, flush=True)
+    child.kill()
+    child.wait()
+    """
+)
+
+
+def test_after_a_normal_exit_the_guardian_leaves_too():
+    parent = _start(NORMAL)
+    try:
+        guardian = int(parent.stdout.readline())
+        assert parent.wait(timeout=30) == 0
+        deadline = time.monotonic() + 10
+        while _alive(guardian) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not _alive(guardian)
+    finally:
+        _end_group(parent)
+
+
 def _catches(pid: int, sig: int) -> bool:
     with open(f"/proc/{pid}/status") as f:
         caught = next(int(ln.split()[1], 16) for ln in f if ln.startswith("SigCgt:"))
