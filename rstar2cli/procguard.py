@@ -61,9 +61,11 @@ def _children_map() -> dict[int, list[int]]:
     return children
 
 
-def descendants(pid: int) -> list[int]:
-    """Every process below `pid`, parents before children."""
-    children, out, todo = _children_map(), [], [pid]
+def descendants(pid: int, children: dict[int, list[int]] | None = None) -> list[int]:
+    """Every process below `pid`, parents before children (from `children`, one look at /proc
+    taken by `_children_map`, or a new look)."""
+    children = _children_map() if children is None else children
+    out, todo = [], [pid]
     while todo:
         for child in children.get(todo.pop(), []):
             out.append(child)
@@ -105,14 +107,17 @@ def guard_descendants() -> None:
 # The guardian process
 
 
-def _kill_tree(pid: int, start: int) -> None:
-    if _start_time(pid) != start:
-        return  # gone, or the pid now names another process
-    for p in [pid, *descendants(pid)]:
-        try:
-            os.kill(p, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+def _kill_trees(pairs: set[tuple[int, int]]) -> None:
+    """Kill each (pid, start time) still alive, with what is below it; one look at /proc for all."""
+    children = _children_map()
+    for pid, start in pairs:
+        if _start_time(pid) != start:
+            continue  # gone, or the pid now names another process
+        for p in [pid, *descendants(pid, children)]:
+            try:
+                os.kill(p, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
 
 
 def _serve(parent: int) -> None:
@@ -151,8 +156,7 @@ def _serve(parent: int) -> None:
             looks = (looks[1], tree)
     if stdin in watched:  # what the parent wrote just before it died
         guarded |= _parse(_read_available(stdin, pending).splitlines())
-    for pid, start in guarded | looks[0] | looks[1]:
-        _kill_tree(pid, start)
+    _kill_trees(guarded | looks[0] | looks[1])
 
 
 def _parse(lines: list[bytes]) -> set[tuple[int, int]]:

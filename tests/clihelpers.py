@@ -64,10 +64,15 @@ def kill_9_alone(proc: subprocess.Popen, wait_s: float = 30.0) -> tuple[list[str
     names = [_cmdline(p) for p in below]
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
+    return names, [_cmdline(p) for p in wait_dead(below, wait_s)]
+
+
+def wait_dead(pids: list[int], wait_s: float) -> list[int]:
+    """Those of `pids` still alive after up to `wait_s` of waiting for them to die."""
     deadline = time.monotonic() + wait_s
-    while (left := [p for p in below if _alive(p)]) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    return names, [_cmdline(p) for p in left]
+    while (left := [p for p in pids if alive(p)]) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return left
 
 
 def end_group(proc: subprocess.Popen) -> None:
@@ -86,7 +91,7 @@ def _cmdline(pid: int) -> str:
         return "?"
 
 
-def _alive(pid: int) -> bool:
+def alive(pid: int) -> bool:
     try:
         state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
     except OSError:

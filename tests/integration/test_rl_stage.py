@@ -9,11 +9,12 @@ something to choose from, and the update is not zero.
   rows, checkpoint, plots, resolved recipe, final HF folder; the weights moved, by broadcast.
 - test_kill_during_step_two_then_resume_matches: a run whose driver alone is killed with SIGKILL
   during step 2 (everything it started dies with it: rstar2cli.procguard), then rerun: its metrics
-  rows and final weights equal an uninterrupted run's exactly. Rollouts are reproducible because every request's sampling seed is a
-  function of (seed, step, problem, sample, turn) (`rstar2cli.rollout_job.seed_base`) and
-  the engine samples each request with its own generator; the engine gets the checkpoint's
-  weights before the first rollout after the resume. This test uses the transformers engine, whose
-  per-request generators make samples independent of how requests are batched together.
+  rows and final weights equal an uninterrupted run's exactly. Rollouts are reproducible because
+  every request's sampling seed is a function of (seed, step, problem, sample, turn)
+  (`rstar2cli.rollout_job.seed_base`) and the engine samples each request with its own generator;
+  the engine gets the checkpoint's weights before the first rollout after the resume. This test
+  uses the transformers engine, whose per-request generators make samples independent of how
+  requests are batched together.
 - test_three_node_cluster_...: a Ray cluster of 3 nodes on this machine (two declaring GPUs);
   2 vLLM engine actors on different nodes + 2 DeepSpeed ZeRO-3 ranks (gloo), two steps; placement,
   disjoint GPU ids, and the broadcast sync's checksums against the final weights. Its second test

@@ -9,6 +9,8 @@ import sys
 import textwrap
 import time
 
+from clihelpers import alive, end_group, wait_dead
+
 from rstar2cli import procguard
 
 PARENT = textwrap.dedent(
@@ -25,14 +27,6 @@ PARENT = textwrap.dedent(
 )
 
 
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(")")[-1].split()[0] != "Z"  # a zombie is dead
-    except FileNotFoundError:
-        return False
-
-
 def _start(script: str) -> subprocess.Popen[str]:
     """A parent running `script`, in a process group of its own with what it starts."""
     return subprocess.Popen(
@@ -44,18 +38,7 @@ def _kill_and_wait(parent: subprocess.Popen[str], pids: list[int]) -> list[int]:
     """SIGKILL the parent (none of its cleanup code runs); those of `pids` alive 10 s later."""
     parent.kill()
     parent.wait()
-    deadline = time.monotonic() + 10
-    while (left := [p for p in pids if _alive(p)]) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    return left
-
-
-def _end_group(parent: subprocess.Popen[str]) -> None:
-    try:
-        os.killpg(parent.pid, signal.SIGKILL)  # whatever a failed test left in the group
-    except ProcessLookupError:
-        pass
-    parent.wait()
+    return wait_dead(pids, 10.0)
 
 
 def test_children_and_grandchildren_die_when_the_parent_is_killed():
@@ -63,10 +46,10 @@ def test_children_and_grandchildren_die_when_the_parent_is_killed():
     try:
         pids = [int(p) for p in parent.stdout.readline().split()]
         sleepers = [p for p in pids if open(f"/proc/{p}/comm").read().strip() == "sleep"]
-        assert len(sleepers) == 2 and all(_alive(p) for p in pids)
+        assert len(sleepers) == 2 and all(alive(p) for p in pids)
         assert _kill_and_wait(parent, sleepers) == []
     finally:
-        _end_group(parent)
+        end_group(parent)
 
 
 LATE = textwrap.dedent(
@@ -86,10 +69,10 @@ def test_a_process_started_after_registering_dies_too():
     parent = _start(LATE)
     try:
         late = int(parent.stdout.readline())
-        assert _alive(late)
+        assert alive(late)
         assert _kill_and_wait(parent, [late]) == []
     finally:
-        _end_group(parent)
+        end_group(parent)
 
 
 THREADED = textwrap.dedent(
@@ -116,7 +99,7 @@ def test_a_multi_threaded_parent_killed_again_and_again_never_leaves_its_child()
             child = int(parent.stdout.readline())
             assert _kill_and_wait(parent, [child]) == []
         finally:
-            _end_group(parent)
+            end_group(parent)
 
 
 STRAY = textwrap.dedent(
@@ -143,10 +126,10 @@ def test_stray_signals_never_make_the_guardian_act_and_an_open_pipe_never_stops_
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGTERM):  # the parent lives on
             os.kill(guardian, sig)
         time.sleep(1.5 * procguard.WATCH_PERIOD_S)
-        assert _alive(child) and _alive(guardian)
+        assert alive(child) and alive(guardian)
         assert _kill_and_wait(parent, [child]) == []
     finally:
-        _end_group(parent)  # the forked child too
+        end_group(parent)  # the forked child too
 
 
 NORMAL = textwrap.dedent(
@@ -167,12 +150,9 @@ def test_after_a_normal_exit_the_guardian_leaves_too():
     try:
         guardian = int(parent.stdout.readline())
         assert parent.wait(timeout=30) == 0
-        deadline = time.monotonic() + 10
-        while _alive(guardian) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert not _alive(guardian)
+        assert wait_dead([guardian], 10.0) == []
     finally:
-        _end_group(parent)
+        end_group(parent)
 
 
 def _catches(pid: int, sig: int) -> bool:
@@ -186,10 +166,10 @@ def test_a_reused_pid_is_never_killed():
     try:
         start = procguard._start_time(other.pid)
         assert start is not None
-        procguard._kill_tree(other.pid, start + 1)  # the same pid, another process's start time
+        procguard._kill_trees({(other.pid, start + 1)})  # the same pid, another start time
         time.sleep(0.2)
         assert other.poll() is None
-        procguard._kill_tree(other.pid, start)
+        procguard._kill_trees({(other.pid, start)})
         assert other.wait(timeout=5) == -signal.SIGKILL
     finally:
         if other.poll() is None:
