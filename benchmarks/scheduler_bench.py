@@ -80,6 +80,7 @@ import random
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -615,6 +616,15 @@ def main() -> None:
         help="(b): partial rollout's over-provision (0.25: a quarter more prompt groups than a "
         "step needs), reported apart; 'none' skips it",
     )
+    ap.add_argument(
+        "--sim-spec",
+        default=None,
+        metavar="ACCEPTANCE[,MAX_DRAFT]",
+        help="(b): speculative decoding on every engine of every row: each draft token accepted "
+        "with this probability once the ones before it were, up to MAX_DRAFT (default 4) drafts "
+        "a step, as many as pay at the engine's batch (scheduler_sim.Cost.draft); the bounds "
+        "are computed with it too. Default: none",
+    )
     ap.add_argument("--json", default=None, help="(b): also write every number to this JSON file")
     args = ap.parse_args()
     if args.repeats < 1:
@@ -637,6 +647,12 @@ def main() -> None:
             cost, args.sim_cost_source = Cost(*map(float, args.cost.split(","))), "--cost"
         else:
             cost, args.sim_cost_source = gpu_cost(gpu), f"{gpu.name} spec sheet, scheduler_sim"
+        if args.sim_spec:
+            acceptance, _, max_draft = args.sim_spec.partition(",")
+            try:
+                cost = replace(cost, acceptance=float(acceptance), max_draft=int(max_draft or 4))
+            except ValueError as e:
+                ap.error(f"--sim-spec {args.sim_spec}: {e}")
         args.sim_kv_source = "--sim-kv-tokens"
         if args.sim_kv_tokens is None:
             args.sim_kv_tokens = gpu_kv_tokens(gpu)

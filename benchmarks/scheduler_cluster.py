@@ -153,6 +153,13 @@ def _print_header(args, cost, seed, work_lb, path_lb, floor, full_load_s) -> Non
         f"cost ({args.sim_cost_source}): step = {cost.a_s * 1e3:.2f} ms + {cost.b_s * 1e6:.1f} us x "
         f"batch + {cost.c_s * 1e9:.1f} ns x context tokens; prefill {cost.p_s * 1e6:.1f} us/token"
     )
+    if cost.max_draft:
+        drafts = {b: cost.draft(b, b * 4096) for b in (1, 8, 32, 64, 256)}
+        print(
+            f"speculative decoding on every engine: each draft token accepted with probability "
+            f"{cost.acceptance}, up to {cost.max_draft} a step; drafts per batch at 4K context "
+            f"each: {drafts}; the bounds below are computed with it"
+        )
     print(
         f"work bound (total work / total capacity) {work_lb:.1f} s; critical path (the slowest "
         f"trajectory alone on an engine: batch 1, its tool calls waited) {path_lb:.1f} s; max "

@@ -66,9 +66,47 @@ class Cost:
     b_s: float  # per sequence in the batch, per step
     c_s: float  # per context token in the batch, per step (attention reads)
     p_s: float  # per prefilled token
+    # speculative decoding (`max_draft` 0: none): each draft token is accepted with probability
+    # `acceptance` once the ones before it were (see `draft`)
+    acceptance: float = 0.0
+    max_draft: int = 0
 
-    def step_s(self, batch: int, ctx_tokens: float) -> float:
-        return self.a_s + self.b_s * batch + self.c_s * ctx_tokens
+    def __post_init__(self) -> None:
+        if not 0 <= self.acceptance < 1:
+            raise ValueError(f"acceptance must be in [0, 1), got {self.acceptance}")
+        if self.max_draft < 0:
+            raise ValueError(f"max_draft must be >= 0, got {self.max_draft}")
+
+    def step_s(self, batch: int, ctx_tokens: float, draft: int = 0) -> float:
+        """One step of `batch` requests holding `ctx_tokens` of context, each verifying `draft`
+        draft tokens besides its own next one (the weights and the context are read once)."""
+        return self.a_s + self.b_s * batch * (draft + 1) + self.c_s * ctx_tokens
+
+    def tokens_per_step(self, draft: int) -> float:
+        """Expected tokens a request gains in a step that verifies `draft` draft tokens: the
+        accepted run of them plus the model's own next token."""
+        return (1 - self.acceptance ** (draft + 1)) / (1 - self.acceptance)
+
+    def draft(self, batch: int, ctx_tokens: float) -> int:
+        """How many draft tokens an engine verifies per request in a step at `batch` and
+        `ctx_tokens`: the number, up to `max_draft`, that costs the least time per token made.
+        A step's fixed part (the weights, the context) is shared by all the tokens it verifies,
+        its per-token part is not, so it drafts most at a low batch (the tail) and little or
+        nothing at a full one: vLLM's batch-size schedule for speculative decoding."""
+        return min(
+            range(self.max_draft + 1),
+            key=lambda d: self.step_s(batch, ctx_tokens, d) / self.tokens_per_step(d),
+        )
+
+    def decode_s(self, batch: int, ctx_tokens: float, num_tokens: int) -> float:
+        """Time for `batch` requests holding `ctx_tokens` to make `num_tokens` tokens each, at
+        the draft count `draft` picks for the start (the expected number of steps; each step
+        reads the context as it stands, grown by `batch` x the tokens made so far)."""
+        d = self.draft(batch, ctx_tokens)
+        per_step = self.tokens_per_step(d)
+        steps = num_tokens / per_step
+        growth = batch * (num_tokens - per_step) / 2  # mean context added over the steps
+        return steps * (self.step_s(batch, 0, d) + self.c_s * (ctx_tokens + growth))
 
 
 # -- the modeled hardware ----------------------------------------------------------------------
@@ -409,11 +447,7 @@ class _Run:
         prefill = sum(r.prefill for r in eng.running)
         eng.num_prefill_tokens += prefill
         cost = self.cost
-        dt = (
-            cost.p_s * prefill
-            + k * cost.step_s(batch, 0)
-            + cost.c_s * (k * used + batch * k * (k - 1) / 2)
-        )
+        dt = cost.p_s * prefill + cost.decode_s(batch, used, k)
         for r in eng.running:
             r.prefill = 0
         eng.stepping = True
@@ -700,10 +734,7 @@ def _attention_tokens(c: int, n: int) -> float:
 def own_min_s(t: SimTraj, max_response: int, cost: Cost) -> float:
     """The least time trajectory `t` can take anywhere: alone on an engine (batch 1), its prompt
     and tool responses prefilled, every decode step at batch 1, every tool latency in full."""
-    alone_s = cost.step_s(1, 0)
-    return _trajectory_s(
-        t, max_response, cost, lambda c, n: n * alone_s + cost.c_s * _attention_tokens(c, n)
-    )
+    return _trajectory_s(t, max_response, cost, lambda c, n: cost.decode_s(1, c, n))
 
 
 def _trajectory_s(
@@ -735,9 +766,11 @@ def lower_bound_s(
     Critical path: the slowest single trajectory's `own_min_s` (alone on an engine, batch 1).
     """
     total_tokens, ctx_token_sum, prefill = _totals(workload, max_response)
-    batch, _ = _full_batch(total_tokens, ctx_token_sum, capacity_tokens, max_num_seqs)
-    per_token = cost.a_s / batch + cost.b_s
-    work = (total_tokens * per_token + cost.c_s * ctx_token_sum + cost.p_s * prefill) / num_engines
+    batch, mean_ctx = _full_batch(total_tokens, ctx_token_sum, capacity_tokens, max_num_seqs)
+    d = cost.draft(batch, batch * mean_ctx)  # speculative decoding at that batch, if it pays
+    per_token = (cost.a_s / batch + cost.b_s * (d + 1)) / cost.tokens_per_step(d)
+    decode = total_tokens * per_token + cost.c_s * ctx_token_sum / cost.tokens_per_step(d)
+    work = (decode + cost.p_s * prefill) / num_engines
     path = max(own_min_s(t, max_response, cost) for t in workload)
     return work, path
 
@@ -761,8 +794,9 @@ def full_load_path_s(
     """
     total_tokens, ctx_token_sum, _ = _totals(workload, max_response)
     batch, mean_ctx = _full_batch(total_tokens, ctx_token_sum, capacity_tokens, max_num_seqs)
-    step_s = cost.step_s(batch, batch * mean_ctx)
-    return max(_trajectory_s(t, max_response, cost, lambda _, n: n * step_s) for t in workload)
+    d = cost.draft(batch, batch * mean_ctx)
+    token_s = cost.step_s(batch, batch * mean_ctx, d) / cost.tokens_per_step(d)
+    return max(_trajectory_s(t, max_response, cost, lambda _, n: n * token_s) for t in workload)
 
 
 def _totals(workload: list[SimTraj], max_response: int) -> tuple[int, float, int]:
@@ -797,8 +831,9 @@ def step_floor_s(
     D decode steps, each paying the fixed cost `a` once, plus its even share of everyone's per-token
     work (b, c and p terms): a * D + per-token work / num_engines. The work bound instead spreads
     `a` over full batches of `max_num_seqs`. A placement that knew the lengths could put the long
-    trajectories on fewer engines and do better; so could migration. Returns (estimate s, D,
-    trajectories decoding at least D).
+    trajectories on fewer engines and do better; so could migration. With speculative decoding
+    those D tokens take D / (the tokens a batch-1 step makes) steps (the per-token work is left
+    as it is). Returns (estimate s, D, trajectories decoding at least D).
     """
     decode, marginal_s = [], 0.0
     for t in workload:
@@ -810,4 +845,5 @@ def step_floor_s(
         decode.append(num)
     decode.sort(reverse=True)
     d = decode[min(num_engines, len(decode)) - 1]
-    return cost.a_s * d + marginal_s / num_engines, d, sum(1 for x in decode if x >= d)
+    steps = d / cost.tokens_per_step(cost.draft(1, 0))
+    return cost.a_s * steps + marginal_s / num_engines, d, sum(1 for x in decode if x >= d)

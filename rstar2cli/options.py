@@ -137,6 +137,16 @@ KV_CACHE_TOKENS = typer.Option(
 TENSOR_PARALLEL_SIZE = typer.Option(
     1, "--tensor-parallel-size", min=1, help="GPUs per engine (vLLM tensor parallelism)."
 )
+SPECULATIVE = typer.Option(
+    None,
+    "--speculative",
+    metavar="METHOD:TOKENS",
+    show_default=False,
+    help="vllm: speculative decoding without a draft model while an engine's batch is small "
+    "(the rollout's tail): ngram:K drafts up to K tokens from the trajectory's own context, "
+    "suffix:K (needs arctic-inference) also from finished responses. The samples keep the "
+    "model's distribution. Default: off.",
+)
 TOP_P = typer.Option(ROLLOUT.top_p, "--top-p", min=0.0, max=1.0, help="Nucleus sampling.")
 SEED = typer.Option(0, "--seed", help="Sampling seed (mixed with problem id, sample and turn).")
 TEMPLATE = typer.Option(
@@ -172,6 +182,7 @@ def rollout_options(
         ("tail_kv_fraction", float | None, TAIL_KV_FRACTION),
         ("kv_cache_tokens", int | None, KV_CACHE_TOKENS),
         ("tensor_parallel_size", int, TENSOR_PARALLEL_SIZE),
+        ("speculative", str | None, SPECULATIVE),
         ("max_turns", int, max_turns_option(max_turns)),
         ("max_response_tokens", int | None, max_response_tokens_option(max_response_tokens)),
         ("temperature", float, temperature_option(temperature)),
@@ -223,6 +234,7 @@ class RolloutArgs:
     max_tool_output_chars: int
     tool_timeout_s: float
     tensor_parallel_size: int
+    speculative: str | None
 
     @classmethod
     def pick(cls, values: dict[str, Any]) -> RolloutArgs:
@@ -240,6 +252,12 @@ class RolloutArgs:
             raise UserError(f"--engine must be vllm or hf, got {self.engine!r}")
         if self.tool_timeout_s <= 0:
             raise UserError(f"--tool-timeout must be > 0 seconds, got {self.tool_timeout_s}")
+        if self.speculative is not None:
+            from rstar2cli.scheduler.engines import parse_speculative
+
+            if self.engine != "vllm":
+                raise UserError(f"--speculative is for --engine vllm, not {self.engine}")
+            parse_speculative(self.speculative)
         try:
             render_prompt("", self.template)
             self.sched_config()
@@ -274,6 +292,7 @@ class RolloutArgs:
             kv_cache_tokens=self.kv_cache_tokens,
             seed=self.seed,
             tensor_parallel_size=self.tensor_parallel_size,
+            speculative=self.speculative,
         )
 
     def run_settings(self) -> dict[str, Any]:
@@ -291,6 +310,7 @@ class RolloutArgs:
             "tail_kv_fraction": self.tail_kv_fraction,
             "kv_cache_tokens": self.kv_cache_tokens,
             "tensor_parallel_size": self.tensor_parallel_size,
+            "speculative": self.speculative,
         }
 
     def sample_settings(self, model: str) -> dict[str, Any]:

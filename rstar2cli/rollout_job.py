@@ -309,6 +309,7 @@ class _CommandRun:
                     on_record=lambda _: progress.done(),
                 )
             _report_engine_errors(self.console, engines)
+            _report_speculation(self.console, engines)
             return stats
 
 
@@ -320,6 +321,21 @@ def _report_engine_errors(console: Any, engines: list[Any]) -> None:
         if last:
             num = e.metrics().get("num_errors", 0)
             console.print(f"[yellow]{e.name}: {num:.0f} failed requests, last: {escape(last)}[/]")
+
+
+def _report_speculation(console: Any, engines: list[Any]) -> None:
+    """One line on how speculative decoding went, when any engine drafted: the share of draft
+    tokens accepted, and the chance a draft token is accepted once the ones before it were
+    (what benchmarks/scheduler_bench.py --sim-spec takes)."""
+    keys = ("num_draft_tokens", "num_accepted_draft_tokens", "num_tried_draft_tokens")
+    metrics = [e.metrics() for e in engines]
+    drafted, accepted, tried = (sum(m.get(k, 0.0) for m in metrics) for k in keys)
+    if drafted:
+        console.print(
+            f"speculative decoding: {accepted:.0f} of {drafted:.0f} draft tokens accepted "
+            f"({accepted / drafted:.0%}); acceptance per draft token tried: "
+            f"{accepted / max(tried, 1):.2f}"
+        )
 
 
 class StopSignals:

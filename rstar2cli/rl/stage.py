@@ -225,6 +225,7 @@ class StageRun:
             devices=devices,
             colocated=r.rollout.colocate,
             placement=placement,
+            speculative=r.rollout.speculative,
         )
 
     async def _start_sync(self) -> None:

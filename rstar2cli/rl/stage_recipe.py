@@ -21,8 +21,9 @@ from typing import Any, Literal, cast
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from rstar2cli.agent.loop import AgentConfig
+from rstar2cli.errors import UserError
 from rstar2cli.recipe import RecipeModel
-from rstar2cli.scheduler.engines import DEFAULT_KV_CACHE_TOKENS
+from rstar2cli.scheduler.engines import DEFAULT_KV_CACHE_TOKENS, parse_speculative
 from rstar2cli.scheduler.scheduler import SchedulerConfig
 
 
@@ -144,11 +145,25 @@ class RolloutConfig(RecipeModel):
         description="kv incremental: move a trajectory predicted long, at its next tool call, to a "
         "tail engine kept under this fraction of its KV; null: off (slower in the benchmark).",
     )
+    speculative: str | None = Field(
+        None,
+        description="vllm: speculative decoding without a draft model while an engine's batch is "
+        "small (the rollout's tail), as METHOD:TOKENS: ngram:4 drafts from the trajectory's own "
+        "context, suffix:4 (needs arctic-inference) also from finished responses; the samples "
+        "keep the policy's distribution; null: off.",
+    )
 
     @model_validator(mode="after")
     def _vllm_only(self) -> RolloutConfig:
-        if self.engine != "vllm" and (self.tensor_parallel_size > 1 or self.colocate):
-            raise ValueError("tensor_parallel_size > 1 and colocate need engine: vllm")
+        if self.engine != "vllm" and (
+            self.tensor_parallel_size > 1 or self.colocate or self.speculative
+        ):
+            raise ValueError("tensor_parallel_size > 1, colocate and speculative need engine: vllm")
+        if self.speculative is not None:
+            try:
+                parse_speculative(self.speculative)
+            except UserError as e:
+                raise ValueError(str(e).replace("--speculative", "speculative")) from None
         return self
 
     @model_validator(mode="after")

@@ -46,6 +46,8 @@ if TYPE_CHECKING:
     from rstar2cli.scheduler.placement import RayPlacement
 
 FINISH_REASONS = ("stop", "length", "abort", "error")
+# speculative decoding without a draft model (vllm_engine.speculative_config)
+SPECULATIVE_METHODS = ("ngram", "suffix")
 # KV cache per engine when a command or recipe does not say (tokens; CPU engines need a size).
 DEFAULT_KV_CACHE_TOKENS = 65536
 ENGINE_KINDS = ("vllm", "hf")
@@ -124,6 +126,7 @@ def make_engines(
     colocated: bool = False,
     placement: RayPlacement | None = None,
     dtype: str | None = None,
+    speculative: str | None = None,
 ) -> list[Engine]:
     """Start `num_engines` engines of `kind` on `model_path`.
 
@@ -136,8 +139,10 @@ def make_engines(
     Engine i gets seed `seed + i` and the name f"{kind}{i}". `kv_cache_tokens` None:
     DEFAULT_KV_CACHE_TOKENS, raised to one whole trajectory (`max_model_len`) if that is more.
     `colocated`: engines share GPUs with trainer ranks and sleep between phases. `dtype` (vLLM
-    engines): the weights' dtype; None: the model's own on a GPU, float32 on the CPU. Blocks until
-    every engine is ready (vLLM-CPU: ~25 s each).
+    engines): the weights' dtype; None: the model's own on a GPU, float32 on the CPU.
+    `speculative` (vLLM engines): METHOD:TOKENS, speculative decoding without a draft model at
+    low batches (`parse_speculative`, vllm_engine.speculative_config). Blocks until every engine
+    is ready (vLLM-CPU: ~25 s each).
     """
     from rstar2cli.scheduler.placement import gpu_memory_fraction as memory_share
 
@@ -157,6 +162,11 @@ def make_engines(
         if kind != "vllm":
             raise UserError(f"dtype {dtype!r} is for vllm engines; the {kind} engine sets its own")
         base["dtype"] = dtype
+    if speculative is not None:
+        if kind != "vllm":
+            raise UserError(f"--speculative is for vllm engines; the {kind} engine has none")
+        parse_speculative(speculative)
+        base["speculative"] = speculative
     if ray_address is not None:
         from rstar2cli.scheduler.placement import absolute_path
         from rstar2cli.scheduler.ray_engine import start_ray_engines
@@ -226,6 +236,7 @@ class EngineSpec:
     tensor_parallel_size: int = 1
     devices: tuple[int, ...] | None = None  # in-process engines' GPUs; None: the visible ones
     gpu_memory_fraction: float | None = None  # None: placement.GPU_MEMORY_FRACTION
+    speculative: str | None = None  # METHOD:TOKENS (`parse_speculative`); None: none
 
     def check_fits(self, max_model_len: int) -> None:
         """One-line error when an asked-for KV cache cannot hold one whole trajectory."""
@@ -250,7 +261,27 @@ class EngineSpec:
             tensor_parallel_size=self.tensor_parallel_size,
             devices=self.devices,
             gpu_memory_fraction=self.gpu_memory_fraction,
+            speculative=self.speculative,
         )
+
+
+def parse_speculative(text: str) -> tuple[str, int]:
+    """`METHOD:TOKENS` (e.g. `ngram:4`) -> (method, draft tokens a step); one-line error if not."""
+    method, _, num = text.partition(":")
+    if method not in SPECULATIVE_METHODS or not num.isdigit() or not 1 <= int(num) <= 16:
+        raise UserError(
+            f"--speculative {text!r}: expected METHOD:TOKENS with METHOD one of "
+            f"{', '.join(SPECULATIVE_METHODS)} and 1-16 draft tokens, e.g. ngram:4"
+        )
+    if method == "suffix":
+        import importlib.util
+
+        if importlib.util.find_spec("arctic_inference") is None:
+            raise UserError(
+                "--speculative suffix needs the arctic-inference package (pip install "
+                "arctic-inference); ngram needs nothing"
+            )
+    return method, int(num)
 
 
 def build_engine(kind: str, **kwargs) -> Engine:

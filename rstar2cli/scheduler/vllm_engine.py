@@ -47,6 +47,9 @@ from rstar2cli.scheduler.weight_sync import GroupAddress, SyncPlan
 log = logging.getLogger(__name__)
 
 _DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "auto": 2}
+# NOTE: speculate only at batches up to this on a GPU: where benchmarks/scheduler_bench.py's cost
+# model (H100, Qwen3-14B, acceptance 0.5) stops drafting a full 4 tokens.
+SPECULATIVE_MAX_BATCH = 32
 
 
 @dataclass
@@ -62,9 +65,17 @@ class VllmStats:
     num_prefix_hits: int = 0  # of those, tokens found
     num_prompt_tokens: int = 0
     num_generation_tokens: int = 0
+    # speculative decoding: draft tokens verified, accepted, and the draft positions verified
+    # after all the ones before them were accepted (a draft token's chance is accepted / tried)
+    num_draft_tokens: int = 0
+    num_accepted_draft_tokens: int = 0
+    num_tried_draft_tokens: int = 0
 
     def record(self, scheduler_stats: Any, iteration_stats: Any) -> None:
         if scheduler_stats is not None:
+            spec = scheduler_stats.spec_decoding_stats
+            if spec is not None:
+                self.record_drafts(spec.num_draft_tokens_per_pos, spec.num_accepted_tokens_per_pos)
             self.kv_cache_usage = scheduler_stats.kv_cache_usage
             self.peak_kv_cache_usage = max(self.peak_kv_cache_usage, self.kv_cache_usage)
             self.num_running_reqs = scheduler_stats.num_running_reqs
@@ -75,6 +86,14 @@ class VllmStats:
             self.num_preemptions += iteration_stats.num_preempted_reqs
             self.num_prompt_tokens += iteration_stats.num_prompt_tokens
             self.num_generation_tokens += iteration_stats.num_generation_tokens
+
+    def record_drafts(self, drafted: list[int], accepted: list[int]) -> None:
+        """One step's drafts, per draft position: how many were drafted there, how many accepted
+        (a position is only reached when every earlier one was accepted)."""
+        self.num_draft_tokens += sum(drafted)
+        self.num_accepted_draft_tokens += sum(accepted)
+        reached = [drafted[0] if drafted else 0, *accepted[:-1]]
+        self.num_tried_draft_tokens += sum(map(min, drafted, reached))
 
 
 def _stat_logger_factory(stats: VllmStats) -> Any:
@@ -109,6 +128,33 @@ def kv_bytes_per_token(model_path: str | Path, dtype: str, tensor_parallel_size:
     return 2 * config["num_hidden_layers"] * num_kv_heads * head_dim * _DTYPE_BYTES[dtype]
 
 
+def speculative_config(speculative: str | None) -> dict[str, Any] | None:
+    """vLLM's speculative decoding settings for `engines.parse_speculative`'s METHOD:TOKENS.
+
+    Both methods draft without a model, so nothing drifts from the policy as it trains: `ngram`
+    looks the last few tokens up in the request's own context (prompt, turns, tool answers) and
+    proposes what followed them there; `suffix` (vLLM's suffix decoding, needs the
+    arctic-inference package) also matches against the responses finished on this engine, the
+    prompt's earlier samples among them. vLLM verifies the drafts against the model's own
+    distribution, so the samples keep the policy's distribution. Drafts only while the batch is
+    at most `SPECULATIVE_MAX_BATCH` (vLLM's batch-size schedule): a step reads the weights and
+    the context once for all the tokens it verifies, which pays at a low batch (the tail of a
+    rollout) and stops paying as the batch fills the GPU's compute."""
+    from rstar2cli.scheduler.engines import parse_speculative
+
+    if speculative is None:
+        return None
+    method, num_tokens = parse_speculative(speculative)
+    config: dict[str, Any] = {"method": method, "num_speculative_tokens": num_tokens}
+    if method == "ngram":
+        config |= {"prompt_lookup_min": 2, "prompt_lookup_max": 5}
+    config["num_speculative_tokens_per_batch_size"] = [
+        (1, SPECULATIVE_MAX_BATCH, num_tokens),
+        (SPECULATIVE_MAX_BATCH + 1, SPECULATIVE_MAX_BATCH + 1, 0),  # and every batch above
+    ]
+    return config
+
+
 def _on_gpu() -> bool:
     import torch
 
@@ -131,6 +177,7 @@ class VllmEngine:
         tensor_parallel_size: int = 1,
         devices: tuple[int, ...] = (),
         colocated: bool = False,
+        speculative: str | None = None,
     ):
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
@@ -178,6 +225,7 @@ class VllmEngine:
             worker_extension_cls=f"{WeightSyncWorker.__module__}.{WeightSyncWorker.__qualname__}",
             **cpu_only,
             disable_log_stats=True,  # default loggers off; our recorder still gets every step
+            speculative_config=speculative_config(speculative),
         )
         self.stats = VllmStats()
         self.tensor_parallel_size = tensor_parallel_size
@@ -225,6 +273,9 @@ class VllmEngine:
             "num_prefix_hits": float(s.num_prefix_hits),
             "num_prompt_tokens": float(s.num_prompt_tokens),
             "num_generation_tokens": float(s.num_generation_tokens),
+            "num_draft_tokens": float(s.num_draft_tokens),
+            "num_accepted_draft_tokens": float(s.num_accepted_draft_tokens),
+            "num_tried_draft_tokens": float(s.num_tried_draft_tokens),
         }
 
     def _sampling_params(self, spec: SamplingSpec) -> Any:

@@ -19,6 +19,23 @@ def test_rollout_bad_inputs_fail_with_one_line_before_any_work(tmp_path, tiny_mo
             "no sandbox answered",
         ),
         (["--model", tiny_model_dir, "--data", data, "--scheduler", "fifo"], "unknown policy"),
+        (
+            ["--model", tiny_model_dir, "--data", data, "--speculative", "eagle:4"],
+            "expected METHOD:TOKENS",
+        ),
+        (
+            [
+                "--model",
+                tiny_model_dir,
+                "--data",
+                data,
+                "--engine",
+                "hf",
+                "--speculative",
+                "ngram:4",
+            ],
+            "--speculative is for --engine vllm",
+        ),
     ]
     for args, message in cases:
         res = run_cli("rollout", *args, "--out", out, timeout=120)

@@ -3,7 +3,7 @@
 - one-line errors before any work (fast, no engine);
 - sibling-predicted admission and tail engines from the command line, on two transformers engines;
 - the command end to end with 2 engines + `sandboxd.server.spawn_daemon`, then resumed with a
-  larger --n (only the missing (id, sample) pairs are added);
+  larger --n (only the missing (id, sample) pairs are added) on engines that speculate;
 - an untrained tiny model rarely writes a valid tool call, so one trajectory forces its first
   turn (a real tool call, as token ids) and the rest is real: the call runs in the daemon through
   `SandboxClient`, the masked chunk is appended, and the vLLM engine continues from that context.
@@ -64,12 +64,16 @@ def test_rollout_two_vllm_engines_real_daemon_then_resume(tmp_path, tiny_model_d
         assert stats["settings"]["temperature"] == 1.0 and stats["settings"]["seed"] == 1
         assert len(stats["engine_busy_s"]) == 2 and all(b > 0 for b in stats["engine_busy_s"])
 
-        # resume: --n 3 adds only sample 2 of each problem; nothing is rewritten
+        # resume: --n 3 adds only sample 2 of each problem; nothing is rewritten. Where and how
+        # it runs may change (another scheduler, speculative decoding: same distribution)
         before = out.read_text()
         second = run_cli(
-            *common, "--samples", 3, "--sandbox", daemon.url, "--scheduler", "least-requests"
-        )
+            *common, "--samples", 3, "--sandbox", daemon.url, "--scheduler", "least-requests",
+            "--speculative", "ngram:4",
+        )  # fmt: skip
         assert second.returncode == 0, second.stderr[-3000:]
+        stats = json.loads((tmp_path / "traces.stats.json").read_text())
+        assert stats["run"]["speculative"] == "ngram:4"
         text = out.read_text()
         assert text.startswith(before)
         rows = [json.loads(line) for line in text.splitlines()]

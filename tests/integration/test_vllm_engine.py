@@ -293,3 +293,33 @@ def test_tensor_parallel_engine_gets_the_full_weights_on_both_workers(
     num_receivers, row, out = asyncio.run(main())
     assert num_receivers == 2 and row["weight_sync"] == "broadcast"
     assert out.token_ids == hf_greedy(new, prompts[1], 10)
+
+
+def test_speculative_ngram_keeps_greedy_outputs_and_counts_its_drafts(
+    tiny_model_dir, prompts, hf_greedy
+):
+    """`speculative="ngram:4"`: vLLM's own n-gram drafter and verifier run; greedy outputs stay
+    transformers' own token for token, and the metrics count the drafts verified, accepted, and
+    tried (reached with every earlier draft token accepted)."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
+    spec = SamplingSpec(max_tokens=40, temperature=0.0)
+
+    async def main():
+        (engine,) = make_engines(
+            str(tiny_model_dir), 1, kv_cache_tokens=2048, max_model_len=1024, speculative="ngram:4"
+        )
+        try:
+            calls = [engine.generate(f"s{i}", p, spec) for i, p in enumerate(prompts)]
+            return await asyncio.gather(*calls), engine.metrics()
+        finally:
+            await engine.shutdown()
+
+    outs, metrics = asyncio.run(main())
+    for prompt, out in zip(prompts, outs, strict=True):
+        assert out.token_ids == hf_greedy(model, prompt, 40)
+    drafted, accepted = metrics["num_draft_tokens"], metrics["num_accepted_draft_tokens"]
+    assert 0 < accepted <= metrics["num_tried_draft_tokens"] <= drafted
+    # accepted drafts are counted among the generated tokens, not on top of them
+    assert metrics["num_generation_tokens"] == 4 * 40

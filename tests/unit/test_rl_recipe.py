@@ -157,3 +157,17 @@ def test_colocated_needs_one_rank_per_engine_gpu_and_vllm(tmp_path):
     data["rollout"]["engine"] = "hf"
     with pytest.raises(UserError, match="need engine: vllm"):
         load_recipe(_write(tmp_path, data), RlRecipe)
+
+
+def test_speculative_is_a_recipe_field_checked_like_the_option(tmp_path):
+    data = _tiny()
+    data["rollout"]["speculative"] = "ngram:4"
+    assert load_recipe(_write(tmp_path, data), RlRecipe).rollout.speculative == "ngram:4"
+    for bad, message in [("eagle:4", "METHOD:TOKENS"), ("ngram:0", "1-16 draft tokens")]:
+        data["rollout"]["speculative"] = bad
+        with pytest.raises(UserError) as exc:
+            load_recipe(_write(tmp_path, data), RlRecipe)
+        assert "rollout" in str(exc.value) and message in str(exc.value), exc.value
+    data["rollout"].update(speculative="ngram:4", engine="hf")
+    with pytest.raises(UserError, match="speculative need engine: vllm"):
+        load_recipe(_write(tmp_path, data), RlRecipe)

@@ -116,3 +116,34 @@ def test_the_full_load_path_runs_every_step_at_the_work_bounds_batch_and_kv():
     # alone (batch 1, its own context only) the same trajectory is faster: the critical path
     _, path = lower_bound_s(work, 1, 1000, 8192, cost, max_num_seqs=4)
     assert path == pytest.approx(0.1 + 50 * (0.01 + 0.001) + 1e-5 * 6225)
+
+
+# speculative decoding: 10 ms a step, 1 ms per token verified, each draft token accepted half the
+# time once the ones before it were
+SPEC = Cost(a_s=0.01, b_s=0.001, c_s=0.0, p_s=0.001, acceptance=0.5, max_draft=4)
+
+
+def test_a_step_makes_the_accepted_run_plus_one_and_drafts_where_it_pays():
+    assert [SPEC.tokens_per_step(d) for d in range(5)] == [1, 1.5, 1.75, 1.875, 1.9375]
+    # batch 1, time per token: d=0 11 ms, d=1 12/1.5 = 8 ms, d=2 13/1.75 = 7.43 ms,
+    # d=3 14/1.875 = 7.47 ms: two drafts
+    assert SPEC.draft(1, 0) == 2
+    # batch 16: d=0 26 ms, d=1 42/1.5 = 28 ms: verifying costs more than it saves
+    assert SPEC.draft(16, 0) == 0
+    assert Cost(0.01, 0.001, 0.0, 0.001).draft(1, 0) == 0  # no speculation asked for
+    with pytest.raises(ValueError, match="acceptance"):
+        Cost(0.01, 0.0, 0.0, 0.0, acceptance=1.0, max_draft=2)
+
+
+def test_speculation_shortens_a_lone_trajectory_and_its_critical_path_alike():
+    # a 100-token prompt and one 70-token turn alone on an engine: 70 / 1.75 = 40 steps of 13 ms
+    # with speculation, 70 steps of 11 ms without; the same 70 tokens either way
+    work = [SimTraj(100, [70], [], [])]
+    plain = Cost(0.01, 0.001, 0.0, 0.001)
+    fast = simulate(work, config(), 1, 1000, 800, SPEC)
+    slow = simulate(work, config(), 1, 1000, 800, plain)
+    assert fast.makespan_s == pytest.approx(0.1 + 40 * 0.013)
+    assert slow.makespan_s == pytest.approx(0.1 + 70 * 0.011)
+    assert fast.num_tokens == slow.num_tokens == 70
+    _, path = lower_bound_s(work, 1, 1000, 800, SPEC)
+    assert path == pytest.approx(fast.makespan_s)  # alone, the run is its own critical path
