@@ -619,11 +619,13 @@ def main() -> None:
     ap.add_argument(
         "--sim-spec",
         default=None,
-        metavar="ACCEPTANCE[,MAX_DRAFT]",
-        help="(b): speculative decoding on every engine of every row: each draft token accepted "
-        "with this probability once the ones before it were, up to MAX_DRAFT (default 4) drafts "
-        "a step, as many as pay at the engine's batch (scheduler_sim.Cost.draft); the bounds "
-        "are computed with it too. Default: none",
+        metavar="ACCEPTANCE[,MAX_DRAFT[,MAX_BATCH]]",
+        help="(b): speculative decoding on every engine of every row, as `--speculative` runs "
+        "it: each draft token accepted with this probability once the ones before it were, up "
+        "to MAX_DRAFT (default 4) drafts a step at batches up to MAX_BATCH (default 32; "
+        "`rstar2 rollout --speculative`'s), as many as pay there "
+        "(scheduler_sim.Cost.draft); the bounds are computed with it too. `rstar2 rollout "
+        "--speculative` prints the acceptance it measured. Default: none",
     )
     ap.add_argument("--json", default=None, help="(b): also write every number to this JSON file")
     args = ap.parse_args()
@@ -648,9 +650,14 @@ def main() -> None:
         else:
             cost, args.sim_cost_source = gpu_cost(gpu), f"{gpu.name} spec sheet, scheduler_sim"
         if args.sim_spec:
-            acceptance, _, max_draft = args.sim_spec.partition(",")
+            acceptance, max_draft, max_batch, *_ = [*args.sim_spec.split(","), "", ""]
             try:
-                cost = replace(cost, acceptance=float(acceptance), max_draft=int(max_draft or 4))
+                cost = replace(
+                    cost,
+                    acceptance=float(acceptance),
+                    max_draft=int(max_draft or 4),
+                    spec_max_batch=int(max_batch or cost.spec_max_batch),
+                )
             except ValueError as e:
                 ap.error(f"--sim-spec {args.sim_spec}: {e}")
         args.sim_kv_source = "--sim-kv-tokens"

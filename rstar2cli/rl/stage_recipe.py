@@ -148,9 +148,9 @@ class RolloutConfig(RecipeModel):
     speculative: str | None = Field(
         None,
         description="vllm: speculative decoding without a draft model while an engine's batch is "
-        "small (the rollout's tail), as METHOD:TOKENS: ngram:4 drafts from the trajectory's own "
-        "context, suffix:4 (needs arctic-inference) also from finished responses; the samples "
-        "keep the policy's distribution; null: off.",
+        "at most MAX_BATCH (default 32; the rollout's tail), as METHOD:TOKENS[:MAX_BATCH]: ngram:4 "
+        "drafts from the trajectory's own context, suffix:4 (needs arctic-inference) also from "
+        "finished responses; the samples keep the policy's distribution; null: off.",
     )
 
     @model_validator(mode="after")

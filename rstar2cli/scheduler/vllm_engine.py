@@ -40,16 +40,18 @@ from pathlib import Path
 from typing import Any, cast
 
 from rstar2cli import protocol as P
-from rstar2cli.scheduler.engines import GenOutput, SamplingSpec, read_safetensors_folder
+from rstar2cli.scheduler.engines import (
+    GenOutput,
+    SamplingSpec,
+    parse_speculative,
+    read_safetensors_folder,
+)
 from rstar2cli.scheduler.vllm_sync_worker import WeightSyncWorker
 from rstar2cli.scheduler.weight_sync import GroupAddress, SyncPlan
 
 log = logging.getLogger(__name__)
 
 _DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "auto": 2}
-# NOTE: speculate only at batches up to this on a GPU: where benchmarks/scheduler_bench.py's cost
-# model (H100, Qwen3-14B, acceptance 0.5) stops drafting a full 4 tokens.
-SPECULATIVE_MAX_BATCH = 32
 
 
 @dataclass
@@ -129,7 +131,8 @@ def kv_bytes_per_token(model_path: str | Path, dtype: str, tensor_parallel_size:
 
 
 def speculative_config(speculative: str | None) -> dict[str, Any] | None:
-    """vLLM's speculative decoding settings for `engines.parse_speculative`'s METHOD:TOKENS.
+    """vLLM's speculative decoding settings for `engines.parse_speculative`'s
+    METHOD:TOKENS[:MAX_BATCH].
 
     Both methods draft without a model, so nothing drifts from the policy as it trains: `ngram`
     looks the last few tokens up in the request's own context (prompt, turns, tool answers) and
@@ -137,20 +140,18 @@ def speculative_config(speculative: str | None) -> dict[str, Any] | None:
     arctic-inference package) also matches against the responses finished on this engine, the
     prompt's earlier samples among them. vLLM verifies the drafts against the model's own
     distribution, so the samples keep the policy's distribution. Drafts only while the batch is
-    at most `SPECULATIVE_MAX_BATCH` (vLLM's batch-size schedule): a step reads the weights and
+    at most MAX_BATCH (vLLM's batch-size schedule): a step reads the weights and
     the context once for all the tokens it verifies, which pays at a low batch (the tail of a
     rollout) and stops paying as the batch fills the GPU's compute."""
-    from rstar2cli.scheduler.engines import parse_speculative
-
     if speculative is None:
         return None
-    method, num_tokens = parse_speculative(speculative)
+    method, num_tokens, max_batch = parse_speculative(speculative)
     config: dict[str, Any] = {"method": method, "num_speculative_tokens": num_tokens}
     if method == "ngram":
         config |= {"prompt_lookup_min": 2, "prompt_lookup_max": 5}
     config["num_speculative_tokens_per_batch_size"] = [
-        (1, SPECULATIVE_MAX_BATCH, num_tokens),
-        (SPECULATIVE_MAX_BATCH + 1, SPECULATIVE_MAX_BATCH + 1, 0),  # and every batch above
+        (1, max_batch, num_tokens),
+        (max_batch + 1, max_batch + 1, 0),  # and every batch above
     ]
     return config
 

@@ -131,6 +131,9 @@ def test_a_step_makes_the_accepted_run_plus_one_and_drafts_where_it_pays():
     # batch 16: d=0 26 ms, d=1 42/1.5 = 28 ms: verifying costs more than it saves
     assert SPEC.draft(16, 0) == 0
     assert Cost(0.01, 0.001, 0.0, 0.001).draft(1, 0) == 0  # no speculation asked for
+    # free verification would pay at any batch, but the engines' schedule stops above 32
+    free = Cost(0.01, 0.0, 0.0, 0.001, acceptance=0.5, max_draft=4, spec_max_batch=32)
+    assert (free.draft(32, 0), free.draft(33, 0)) == (4, 0)
     with pytest.raises(ValueError, match="acceptance"):
         Cost(0.01, 0.0, 0.0, 0.0, acceptance=1.0, max_draft=2)
 

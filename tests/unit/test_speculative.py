@@ -11,13 +11,15 @@ import importlib.util
 import pytest
 
 from rstar2cli.errors import UserError
-from rstar2cli.scheduler.engines import parse_speculative
-from rstar2cli.scheduler.vllm_engine import SPECULATIVE_MAX_BATCH, VllmStats, speculative_config
+from rstar2cli.scheduler.engines import SPECULATIVE_MAX_BATCH, parse_speculative
+from rstar2cli.scheduler.vllm_engine import VllmStats, speculative_config
 
 
 def test_method_and_tokens_parse_and_bad_ones_are_one_line_errors():
-    assert parse_speculative("ngram:4") == ("ngram", 4)
-    for bad in ("ngram", "ngram:", "ngram:0", "ngram:17", "ngram:x", "eagle:4", ":4"):
+    assert parse_speculative("ngram:4") == ("ngram", 4, SPECULATIVE_MAX_BATCH)
+    assert parse_speculative("ngram:4:64") == ("ngram", 4, 64)
+    bad_ones = ("ngram", "ngram:", "ngram:0", "ngram:17", "ngram:x", "eagle:4", ":4", "ngram:4:0")
+    for bad in (*bad_ones, "ngram:4:64:1", "ngram:4:-1"):
         with pytest.raises(UserError, match="expected METHOD:TOKENS") as exc:
             parse_speculative(bad)
         assert "\n" not in str(exc.value)
@@ -41,6 +43,9 @@ def test_vllm_config_drafts_only_up_to_the_batch_limit():
         (1, SPECULATIVE_MAX_BATCH, 3),
         (SPECULATIVE_MAX_BATCH + 1, SPECULATIVE_MAX_BATCH + 1, 0),
     ]
+    wider = speculative_config("ngram:3:128")
+    assert wider is not None
+    assert wider["num_speculative_tokens_per_batch_size"] == [(1, 128, 3), (129, 129, 0)]
 
 
 def test_drafts_are_counted_per_position_and_tried_only_where_reached():
