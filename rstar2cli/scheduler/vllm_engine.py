@@ -140,9 +140,9 @@ def speculative_config(speculative: str | None) -> dict[str, Any] | None:
     arctic-inference package) also matches against the responses finished on this engine, the
     prompt's earlier samples among them. vLLM verifies the drafts against the model's own
     distribution, so the samples keep the policy's distribution. Drafts only while the batch is
-    at most MAX_BATCH (vLLM's batch-size schedule): a step reads the weights and
-    the context once for all the tokens it verifies, which pays at a low batch (the tail of a
-    rollout) and stops paying as the batch fills the GPU's compute."""
+    at most MAX_BATCH (vLLM's batch-size schedule): a step reads the weights and the context
+    once for all the tokens it verifies, which pays at a low batch (the tail of a rollout) and
+    stops paying as the batch fills the GPU's compute."""
     if speculative is None:
         return None
     method, num_tokens, max_batch = parse_speculative(speculative)
