@@ -323,13 +323,20 @@ def _report_engine_errors(console: Any, engines: list[Any]) -> None:
             console.print(f"[yellow]{e.name}: {num:.0f} failed requests, last: {escape(last)}[/]")
 
 
-def _report_speculation(console: Any, engines: list[Any]) -> None:
-    """One line on how speculative decoding went, when any engine drafted: the share of draft
-    tokens accepted, and the chance a draft token is accepted once the ones before it were
-    (what benchmarks/scheduler_bench.py --sim-spec takes)."""
+def draft_totals(engines: list[Any]) -> tuple[float, float, float]:
+    """Speculative decoding so far, summed over `engines`: draft tokens verified, accepted, and
+    tried (reached with every earlier draft token of theirs accepted). accepted / tried is the
+    chance a draft token is accepted once the ones before it were: what
+    benchmarks/scheduler_bench.py --sim-spec takes."""
     keys = ("num_draft_tokens", "num_accepted_draft_tokens", "num_tried_draft_tokens")
     metrics = [e.metrics() for e in engines]
     drafted, accepted, tried = (sum(m.get(k, 0.0) for m in metrics) for k in keys)
+    return drafted, accepted, tried
+
+
+def _report_speculation(console: Any, engines: list[Any]) -> None:
+    """One line on how speculative decoding went, when any engine drafted (`draft_totals`)."""
+    drafted, accepted, tried = draft_totals(engines)
     if drafted:
         console.print(
             f"speculative decoding: {accepted:.0f} of {drafted:.0f} draft tokens accepted "

@@ -114,6 +114,11 @@ def eval_cmd(
         _grade_only(console, grade_only, out, force)
         return
     args.check()
+    if endpoint and args.speculative:
+        raise UserError(
+            "--speculative is for the engines eval starts; an --endpoint server decodes as it "
+            "was started"
+        )
     ks = sorted(set(k or [args.samples]))
     from rstar2cli.eval.plan import Plan
 

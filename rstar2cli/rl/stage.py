@@ -34,7 +34,13 @@ from rstar2cli.errors import UserError
 from rstar2cli.rl.selection import rollout_metrics, select, update_metrics
 from rstar2cli.rl.stage_recipe import RlRecipe
 from rstar2cli.rl.trainer import TrainSample, UpdateSums
-from rstar2cli.rollout_job import Interrupted, StopSignals, scheduler_config, seed_base
+from rstar2cli.rollout_job import (
+    Interrupted,
+    StopSignals,
+    draft_totals,
+    scheduler_config,
+    seed_base,
+)
 from rstar2cli.scheduler.placement import absolute_path
 
 if TYPE_CHECKING:
@@ -74,6 +80,8 @@ class StageRun:
         self.trainers: Trainers  # set by _start_trainers
         self.sync: Any = None
         self.engines: list[Any] = []
+        # speculative decoding's totals when the last rollout began (rollout_job.draft_totals)
+        self.drafts_before = (0.0, 0.0, 0.0)
         self.saved_step = 0  # the newest checkpoint's step: where a rerun resumes
         self.stop = StopSignals()
 
@@ -282,6 +290,12 @@ class StageRun:
         t0 = time.perf_counter()
         sel = select(records, r, step)
         row: dict[str, Any] = {"step": step + 1, **rollout_metrics(records, sel)}
+        drafted, accepted, tried = (
+            now - before
+            for now, before in zip(draft_totals(self.engines), self.drafts_before, strict=True)
+        )
+        if drafted:  # speculative decoding drafted in this step's rollout
+            row.update(draft_tokens=drafted, draft_acceptance=accepted / max(tried, 1))
         if sel.samples:
             await self.sync.before_update()
             row.update(update_metrics(self._update(sel.samples, step)))
@@ -368,6 +382,7 @@ class StageRun:
 
         items = make_items(problems, num_samples)
         sink = GradedSink(grader, flush_every=None)
+        self.drafts_before = draft_totals(self.engines)
         await rollout_and_grade(
             self.engines,
             items,

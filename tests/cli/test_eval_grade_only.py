@@ -120,6 +120,19 @@ def test_bad_inputs_fail_with_one_line_before_any_work(tmp_path):
         ([*base, "--data", data, "--engine", "tpu"], "--engine must be vllm or hf"),
         (["--model", tmp_path / "nope", "--data", data, "--out", out], "model path not found"),
         (["--endpoint", "http://127.0.0.1:9", "--data", data, "--out", out], "does not answer"),
+        (
+            [
+                "--endpoint",
+                "http://127.0.0.1:9",
+                "--data",
+                data,
+                "--out",
+                out,
+                "--speculative",
+                "ngram:4",
+            ],
+            "an --endpoint server decodes as it was started",
+        ),  # fmt: skip
         ([*base, "--data", data, "--sandbox", "http://127.0.0.1:9"], "no sandbox answered"),
         (["--model", fake_model, "--data", data], "--out DIR is required"),
     ]

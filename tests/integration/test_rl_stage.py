@@ -5,6 +5,8 @@ four test problems (the SFT format, some with a failing first call), so that at 
 rollouts are sometimes right and sometimes wrong: the groups then have mixed rewards, RoC has
 something to choose from, and the update is not zero.
 
+- test_speculating_engine_reports_each_steps_draft_acceptance: one step with n-gram speculative
+  decoding; its row has the draft tokens and their acceptance.
 - test_two_steps_write_everything: 2 steps, colocated (the engine sleeps during updates); metrics
   rows, checkpoint, plots, resolved recipe, final HF folder; the weights moved, by broadcast.
 - test_kill_during_step_two_then_resume_matches: a run whose driver alone is killed with SIGKILL
@@ -224,6 +226,16 @@ def test_two_steps_write_everything(setup):
     )
     before, after = _weights(setup["model"]), _weights(out / "final")
     assert any(not torch.equal(before[k], after[k]) for k in before)
+
+
+def test_speculating_engine_reports_each_steps_draft_acceptance(setup):
+    """`rollout.speculative`: the vLLM engine drafts n-grams from each trajectory's context; the
+    step's row counts the draft tokens its rollout verified and the acceptance per draft token."""
+    out = setup["root"] / "run_speculative"
+    sets = ["rollout.speculative=ngram:4", "train.num_steps=1", "eval.every_steps=0"]
+    _run(_cmd(setup, out) + [x for s in sets for x in ("--set", s)])
+    (row,) = _rows(out)
+    assert row["draft_tokens"] > 0 and 0 <= row["draft_acceptance"] <= 1, row
 
 
 def test_kill_during_step_two_then_resume_matches(setup, uninterrupted):
