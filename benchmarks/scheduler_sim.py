@@ -778,18 +778,37 @@ def lower_bound_s(
     """(work bound, critical-path bound); no schedule finishes before either.
 
     Work (the issue's bound, total work / total capacity): every token at the cheapest per-token
-    cost any engine could reach (batch as large as KV and `max_num_seqs` allow), every prompt and
-    tool response prefilled once, spread evenly over all engines, no engine ever idle.
+    cost any engine could reach (batch as large as KV and `max_num_seqs` allow; with speculative
+    decoding maybe the largest that drafts, `_work_batch`), every prompt and tool response
+    prefilled once, spread evenly over all engines, no engine ever idle.
     Critical path: the slowest single trajectory's `own_min_s` (alone on an engine, batch 1).
     """
     total_tokens, ctx_token_sum, prefill = _totals(workload, max_response)
-    batch, mean_ctx = _full_batch(total_tokens, ctx_token_sum, capacity_tokens, max_num_seqs)
-    d = cost.draft(batch, batch * mean_ctx)  # speculative decoding at that batch, if it pays
-    per_token = (cost.a_s / batch + cost.b_s * (d + 1)) / cost.tokens_per_step(d)
-    decode = total_tokens * per_token + cost.c_s * ctx_token_sum / cost.tokens_per_step(d)
-    work = (decode + cost.p_s * prefill) / num_engines
+    batch = _work_batch(cost, total_tokens, ctx_token_sum, capacity_tokens, max_num_seqs)
+    work = (
+        _decode_work_s(cost, batch, total_tokens, ctx_token_sum) + cost.p_s * prefill
+    ) / num_engines
     path = max(own_min_s(t, max_response, cost) for t in workload)
     return work, path
+
+
+def _decode_work_s(cost: Cost, batch: int, total_tokens: int, ctx_token_sum: float) -> float:
+    """Engine time to decode `total_tokens` (reading `ctx_token_sum` context tokens) at `batch`,
+    speculating as an engine at that batch does."""
+    d = cost.draft(batch, batch * ctx_token_sum / max(total_tokens, 1))
+    per_token = cost.a_s / batch + cost.b_s * (d + 1)
+    return (total_tokens * per_token + cost.c_s * ctx_token_sum) / cost.tokens_per_step(d)
+
+
+def _work_batch(
+    cost: Cost, total_tokens: int, ctx_token_sum: float, capacity_tokens: int, max_num_seqs: int
+) -> int:
+    """The batch the work bound runs at: the cheapest per token. Without speculative decoding the
+    largest the KV and `max_num_seqs` allow (`_full_batch`); with it, possibly the largest batch
+    that still drafts (`Cost.spec_max_batch`), when drafting there costs less per token."""
+    full, _ = _full_batch(total_tokens, ctx_token_sum, capacity_tokens, max_num_seqs)
+    batches = {full, min(full, cost.spec_max_batch)} if cost.max_draft else {full}
+    return min(batches, key=lambda b: _decode_work_s(cost, b, total_tokens, ctx_token_sum))
 
 
 def full_load_path_s(
@@ -810,7 +829,8 @@ def full_load_path_s(
     bounds pull against each other and their max is not reachable at once.
     """
     total_tokens, ctx_token_sum, _ = _totals(workload, max_response)
-    batch, mean_ctx = _full_batch(total_tokens, ctx_token_sum, capacity_tokens, max_num_seqs)
+    batch = _work_batch(cost, total_tokens, ctx_token_sum, capacity_tokens, max_num_seqs)
+    mean_ctx = ctx_token_sum / max(total_tokens, 1)
     d = cost.draft(batch, batch * mean_ctx)
     token_s = cost.step_s(batch, batch * mean_ctx, d) / cost.tokens_per_step(d)
     return max(_trajectory_s(t, max_response, cost, lambda _, n: n * token_s) for t in workload)

@@ -150,3 +150,16 @@ def test_speculation_shortens_a_lone_trajectory_and_its_critical_path_alike():
     assert fast.num_tokens == slow.num_tokens == 70
     _, path = lower_bound_s(work, 1, 1000, 800, SPEC)
     assert path == pytest.approx(fast.makespan_s)  # alone, the run is its own critical path
+
+
+def test_the_work_bound_drafts_at_a_smaller_batch_when_that_is_cheaper_per_token():
+    # four 50-token turns, KV and max_num_seqs room for a batch of 4; only batches up to 2 draft.
+    # 10 ms a step, nothing else: batch 4 costs 2.5 ms a token; batch 2 drafting 4 tokens at
+    # acceptance 0.7 makes (1 - 0.7^5) / 0.3 = 2.77 tokens a step each, 1.80 ms a token
+    work = [SimTraj(100, [50], [], []) for _ in range(4)]
+    cost = Cost(0.01, 0.0, 0.0, 0.0, acceptance=0.7, max_draft=4, spec_max_batch=2)
+    bound, _ = lower_bound_s(work, 1, 10_000, 8192, cost, max_num_seqs=4)
+    assert bound == pytest.approx(200 * 0.01 / 2 / cost.tokens_per_step(4))
+    # at acceptance 0.5 (1.94 tokens a step, 2.58 ms a token) the full batch stays cheaper
+    half = Cost(0.01, 0.0, 0.0, 0.0, acceptance=0.5, max_draft=4, spec_max_batch=2)
+    assert lower_bound_s(work, 1, 10_000, 8192, half, max_num_seqs=4)[0] == pytest.approx(0.5)
