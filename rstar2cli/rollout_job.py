@@ -340,8 +340,7 @@ def _report_speculation(console: Any, engines: list[Any]) -> None:
     if drafted:
         console.print(
             f"speculative decoding: {accepted:.0f} of {drafted:.0f} draft tokens accepted "
-            f"({accepted / drafted:.0%}); acceptance per draft token tried: "
-            f"{accepted / max(tried, 1):.2f}"
+            f"({accepted / drafted:.0%}), {accepted / max(tried, 1):.2f} of those tried"
         )
 
 
