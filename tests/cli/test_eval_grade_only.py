@@ -91,6 +91,7 @@ def test_bad_inputs_fail_with_one_line_before_any_work(tmp_path):
     (fake_model / "config.json").write_text("{}")
     out = tmp_path / "out"
     base = ["--model", fake_model, "--out", out]
+    dead_endpoint = ["--endpoint", "http://127.0.0.1:9", "--data", data, "--out", out]
     cases = [
         (["--grade-only", data], "--grade-only needs --out OUT.jsonl"),
         (["--grade-only", data, "--model", fake_model, "--out", tmp_path / "g.jsonl"], "takes no"),
@@ -119,20 +120,8 @@ def test_bad_inputs_fail_with_one_line_before_any_work(tmp_path):
         ([*base, "--data", data, "--data", data], "benchmark names repeat"),
         ([*base, "--data", data, "--engine", "tpu"], "--engine must be vllm or hf"),
         (["--model", tmp_path / "nope", "--data", data, "--out", out], "model path not found"),
-        (["--endpoint", "http://127.0.0.1:9", "--data", data, "--out", out], "does not answer"),
-        (
-            [
-                "--endpoint",
-                "http://127.0.0.1:9",
-                "--data",
-                data,
-                "--out",
-                out,
-                "--speculative",
-                "ngram:4",
-            ],
-            "an --endpoint server decodes as it was started",
-        ),  # fmt: skip
+        (dead_endpoint, "does not answer"),
+        ([*dead_endpoint, "--speculative", "ngram:4"], "an --endpoint server decodes as it was"),
         ([*base, "--data", data, "--sandbox", "http://127.0.0.1:9"], "no sandbox answered"),
         (["--model", fake_model, "--data", data], "--out DIR is required"),
     ]
