@@ -309,7 +309,7 @@ class _CommandRun:
                     on_record=lambda _: progress.done(),
                 )
             _report_engine_errors(self.console, engines)
-            _report_speculation(self.console, engines)
+            _report_speculation(self.console, stats)
             return stats
 
 
@@ -323,24 +323,13 @@ def _report_engine_errors(console: Any, engines: list[Any]) -> None:
             console.print(f"[yellow]{e.name}: {num:.0f} failed requests, last: {escape(last)}[/]")
 
 
-def draft_totals(engines: list[Any]) -> tuple[float, float, float]:
-    """Speculative decoding so far, summed over `engines`: draft tokens verified, accepted, and
-    tried (reached with every earlier draft token of theirs accepted). accepted / tried is the
-    chance a draft token is accepted once the ones before it were: what
-    benchmarks/scheduler_bench.py --sim-spec takes."""
-    keys = ("num_draft_tokens", "num_accepted_draft_tokens", "num_tried_draft_tokens")
-    metrics = [e.metrics() for e in engines]
-    drafted, accepted, tried = (sum(m.get(k, 0.0) for m in metrics) for k in keys)
-    return drafted, accepted, tried
-
-
-def _report_speculation(console: Any, engines: list[Any]) -> None:
-    """One line on how speculative decoding went, when any engine drafted (`draft_totals`)."""
-    drafted, accepted, tried = draft_totals(engines)
+def _report_speculation(console: Any, stats: Any) -> None:
+    """One line on how speculative decoding went, when any engine drafted."""
+    drafted, accepted, _ = stats.drafts
     if drafted:
         console.print(
             f"speculative decoding: {accepted:.0f} of {drafted:.0f} draft tokens accepted "
-            f"({accepted / drafted:.0%}), {accepted / max(tried, 1):.2f} of those tried"
+            f"({accepted / drafted:.0%}), {stats.draft_acceptance:.2f} of those tried"
         )
 
 

@@ -134,5 +134,8 @@ def _report(
         "mean_tool_latency_s": stats.mean_tool_latency_s,
         "finish_reasons": sink.finish_counts,
         "kv_samples": stats.kv_samples,
+        "draft_tokens": stats.drafts[0],
+        "accepted_draft_tokens": stats.drafts[1],
+        "draft_acceptance": stats.draft_acceptance,
     }
     write_json_atomic(stats_path, summary)

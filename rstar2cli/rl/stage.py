@@ -37,7 +37,6 @@ from rstar2cli.rl.trainer import TrainSample, UpdateSums
 from rstar2cli.rollout_job import (
     Interrupted,
     StopSignals,
-    draft_totals,
     scheduler_config,
     seed_base,
 )
@@ -80,8 +79,6 @@ class StageRun:
         self.trainers: Trainers  # set by _start_trainers
         self.sync: Any = None
         self.engines: list[Any] = []
-        # speculative decoding's totals when the last rollout began (rollout_job.draft_totals)
-        self.drafts_before = (0.0, 0.0, 0.0)
         self.saved_step = 0  # the newest checkpoint's step: where a rerun resumes
         self.stop = StopSignals()
 
@@ -275,7 +272,7 @@ class StageRun:
         r = self.recipe
         began = time.perf_counter()
         idx = batch_indices(step, len(self.problems), r.rollout.num_prompts_per_step, r.train.seed)
-        records, grade_s = await self._rollout(
+        records, grade_s, stats = await self._rollout(
             [self.problems[i] for i in idx],
             r.rollout.num_samples_per_prompt,
             seed_base(r.train.seed, step),
@@ -290,12 +287,8 @@ class StageRun:
         t0 = time.perf_counter()
         sel = select(records, r, step)
         row: dict[str, Any] = {"step": step + 1, **rollout_metrics(records, sel)}
-        drafted, accepted, tried = (
-            now - before
-            for now, before in zip(draft_totals(self.engines), self.drafts_before, strict=True)
-        )
-        if drafted:  # speculative decoding drafted in this step's rollout
-            row.update(draft_tokens=drafted, draft_acceptance=accepted / max(tried, 1))
+        if stats.drafts[0]:  # speculative decoding drafted in this step's rollout
+            row.update(draft_tokens=stats.drafts[0], draft_acceptance=stats.draft_acceptance)
         if sel.samples:
             await self.sync.before_update()
             row.update(update_metrics(self._update(sel.samples, step)))
@@ -356,7 +349,7 @@ class StageRun:
     async def _evaluate(self, step: int, tools: Any, grader: Any, rep: Any) -> float:
         rep.phase("eval")
         r = self.recipe
-        records, _ = await self._rollout(
+        records, _, _ = await self._rollout(
             self.eval_problems,
             1,
             seed_base(r.train.seed, step, eval_pass=True),
@@ -375,15 +368,15 @@ class StageRun:
         tools: Any,
         grader: Any,
         on_tick: Any = None,
-    ) -> tuple[list[dict[str, Any]], float]:
+    ) -> tuple[list[dict[str, Any]], float, Any]:
         """The rollout job on the stage's engines: graded records in item order (reproducible
-        whatever order they finished in), and the seconds spent grading."""
+        whatever order they finished in), the seconds spent grading, and the driver's
+        `RolloutStats`."""
         from rstar2cli.rollout_job import GradedSink, in_item_order, make_items, rollout_and_grade
 
         items = make_items(problems, num_samples)
         sink = GradedSink(grader, flush_every=None)
-        self.drafts_before = draft_totals(self.engines)
-        await rollout_and_grade(
+        stats = await rollout_and_grade(
             self.engines,
             items,
             self.tokenizer,
@@ -393,7 +386,7 @@ class StageRun:
             sink,
             on_tick=on_tick,
         )
-        return in_item_order(sink.rows, items), sink.grade_s
+        return in_item_order(sink.rows, items), sink.grade_s, stats
 
     def _checkpoint(self, step: int) -> None:
         from rstar2cli.train_utils import prune_checkpoints, rng_state

@@ -66,6 +66,15 @@ class RolloutStats:
     kv_samples: list[tuple[float, list[int], list[int]]] = field(repr=False)
     max_ledger_used_tokens: list[int] = field(default_factory=list)
     capacity_tokens: list[int] = field(default_factory=list)
+    # speculative decoding in this run (`draft_totals`): draft tokens verified, accepted, tried
+    drafts: tuple[float, float, float] = (0.0, 0.0, 0.0)
+
+    @property
+    def draft_acceptance(self) -> float | None:
+        """The chance a draft token was accepted once the ones before it were (what
+        benchmarks/scheduler_bench.py --sim-spec takes); None: nothing was drafted."""
+        drafted, accepted, tried = self.drafts
+        return accepted / max(tried, 1.0) if drafted else None
 
     @property
     def tokens_per_s(self) -> float:
@@ -84,6 +93,21 @@ class RolloutStats:
 
 def _preemptions(engines: list[Any]) -> list[float]:
     return [float(e.metrics().get("num_preemptions", 0.0)) for e in engines]
+
+
+def _minus(
+    now: tuple[float, float, float], before: tuple[float, float, float]
+) -> tuple[float, float, float]:
+    return (now[0] - before[0], now[1] - before[1], now[2] - before[2])
+
+
+def draft_totals(engines: list[Any]) -> tuple[float, float, float]:
+    """Speculative decoding so far, summed over `engines`: draft tokens verified, accepted, and
+    tried (reached with every earlier draft token of theirs accepted)."""
+    keys = ("num_draft_tokens", "num_accepted_draft_tokens", "num_tried_draft_tokens")
+    metrics = [e.metrics() for e in engines]
+    drafted, accepted, tried = (sum(m.get(k, 0.0) for m in metrics) for k in keys)
+    return drafted, accepted, tried
 
 
 @asynccontextmanager
@@ -135,6 +159,7 @@ async def run_rollout(
     for key, item in enumerate(items):
         run.add(key, item)
     preempt_before = _preemptions(engines)
+    drafts_before = draft_totals(engines)
     sampler = asyncio.create_task(run.sample(on_tick, sample_every_s))
     try:
         await run.loop()
@@ -158,6 +183,7 @@ async def run_rollout(
         tool_latency_s=tools.latencies_s[run.tool_latency_offset :],
         kv_samples=run.kv_samples,
         max_ledger_used_tokens=list(s.ledger.max_used_tokens),
+        drafts=_minus(draft_totals(engines), drafts_before),
         capacity_tokens=list(s.capacity_tokens),
     )
 
