@@ -35,7 +35,7 @@ import typer
 from rstar2cli.agent.loop import AgentConfig
 from rstar2cli.errors import UserError
 from rstar2cli.rollout_job import scheduler_config
-from rstar2cli.scheduler.engines import DEFAULT_KV_CACHE_TOKENS
+from rstar2cli.scheduler.engines import DEFAULT_KV_CACHE_TOKENS, parse_speculative
 from rstar2cli.scheduler.scheduler import SchedulerConfig
 
 # rollouts: the agent loop's defaults (the paper's stage-1 RL rollouts)
@@ -253,8 +253,6 @@ class RolloutArgs:
         if self.tool_timeout_s <= 0:
             raise UserError(f"--tool-timeout must be > 0 seconds, got {self.tool_timeout_s}")
         if self.speculative is not None:
-            from rstar2cli.scheduler.engines import parse_speculative
-
             if self.engine != "vllm":
                 raise UserError(f"--speculative is for --engine vllm, not {self.engine}")
             parse_speculative(self.speculative)

@@ -34,12 +34,7 @@ from rstar2cli.errors import UserError
 from rstar2cli.rl.selection import rollout_metrics, select, update_metrics
 from rstar2cli.rl.stage_recipe import RlRecipe
 from rstar2cli.rl.trainer import TrainSample, UpdateSums
-from rstar2cli.rollout_job import (
-    Interrupted,
-    StopSignals,
-    scheduler_config,
-    seed_base,
-)
+from rstar2cli.rollout_job import Interrupted, StopSignals, scheduler_config, seed_base
 from rstar2cli.scheduler.placement import absolute_path
 
 if TYPE_CHECKING:

@@ -66,7 +66,7 @@ class RolloutStats:
     kv_samples: list[tuple[float, list[int], list[int]]] = field(repr=False)
     max_ledger_used_tokens: list[int] = field(default_factory=list)
     capacity_tokens: list[int] = field(default_factory=list)
-    # speculative decoding in this run (`draft_totals`): draft tokens verified, accepted, tried
+    # speculative decoding in this run: draft tokens verified, accepted, tried (RUN_COUNTERS)
     drafts: tuple[float, float, float] = (0.0, 0.0, 0.0)
 
     @property
@@ -91,23 +91,20 @@ class RolloutStats:
         return sum(lat) / len(lat) if lat else 0.0
 
 
-def _preemptions(engines: list[Any]) -> list[float]:
-    return [float(e.metrics().get("num_preemptions", 0.0)) for e in engines]
+# the engines' counters a run reports its own share of: preemptions, then speculative decoding's
+# draft tokens verified, accepted and tried (reached with every earlier draft token accepted)
+RUN_COUNTERS = (
+    "num_preemptions",
+    "num_draft_tokens",
+    "num_accepted_draft_tokens",
+    "num_tried_draft_tokens",
+)
 
 
-def _minus(
-    now: tuple[float, float, float], before: tuple[float, float, float]
-) -> tuple[float, float, float]:
-    return (now[0] - before[0], now[1] - before[1], now[2] - before[2])
-
-
-def draft_totals(engines: list[Any]) -> tuple[float, float, float]:
-    """Speculative decoding so far, summed over `engines`: draft tokens verified, accepted, and
-    tried (reached with every earlier draft token of theirs accepted)."""
-    keys = ("num_draft_tokens", "num_accepted_draft_tokens", "num_tried_draft_tokens")
+def _counter_totals(engines: list[Any]) -> list[float]:
+    """Each of RUN_COUNTERS as the engines' metrics have it now, summed over `engines`."""
     metrics = [e.metrics() for e in engines]
-    drafted, accepted, tried = (sum(m.get(k, 0.0) for m in metrics) for k in keys)
-    return drafted, accepted, tried
+    return [sum(float(m.get(key, 0.0)) for m in metrics) for key in RUN_COUNTERS]
 
 
 @asynccontextmanager
@@ -158,8 +155,7 @@ async def run_rollout(
         run.make_trajectory = make_trajectory
     for key, item in enumerate(items):
         run.add(key, item)
-    preempt_before = _preemptions(engines)
-    drafts_before = draft_totals(engines)
+    counted_before = _counter_totals(engines)
     sampler = asyncio.create_task(run.sample(on_tick, sample_every_s))
     try:
         await run.loop()
@@ -168,7 +164,9 @@ async def run_rollout(
         for task in list(run.tasks):
             task.cancel()
     run.take_sample(on_tick)
-    preempt_after = _preemptions(engines)
+    preemptions, *drafts = (
+        a - b for a, b in zip(_counter_totals(engines), counted_before, strict=True)
+    )
     s = run.sched
     return RolloutStats(
         policy=sched_config.policy,
@@ -177,13 +175,13 @@ async def run_rollout(
         makespan_s=time.monotonic() - run.start,
         num_generated_tokens=run.num_generated_tokens,
         engine_busy_s=[s.busy_s(e) for e in range(len(engines))],
-        num_preemptions=sum(a - b for a, b in zip(preempt_after, preempt_before, strict=False)),
+        num_preemptions=preemptions,
         num_migrations=s.num_migrations,
         num_tool_calls=len(tools.latencies_s) - run.tool_latency_offset,
         tool_latency_s=tools.latencies_s[run.tool_latency_offset :],
         kv_samples=run.kv_samples,
         max_ledger_used_tokens=list(s.ledger.max_used_tokens),
-        drafts=_minus(draft_totals(engines), drafts_before),
+        drafts=(drafts[0], drafts[1], drafts[2]),
         capacity_tokens=list(s.capacity_tokens),
     )
 
