@@ -51,7 +51,7 @@ complete -c rstar2 -n '__fish_seen_subcommand_from rollout' -l admission -d 'kv 
 complete -c rstar2 -n '__fish_seen_subcommand_from rollout' -l tail-kv-fraction -d 'kv incremental move a trajectory predicted long, at its next tool cal' -r -F
 complete -c rstar2 -n '__fish_seen_subcommand_from rollout' -l kv-cache-tokens -d 'KV cache per engine in tokens (default 65536, or one whole trajectory' -r -F
 complete -c rstar2 -n '__fish_seen_subcommand_from rollout' -l tensor-parallel-size -d 'GPUs per engine (vLLM tensor parallelism)' -r -F
-complete -c rstar2 -n '__fish_seen_subcommand_from rollout' -l speculative -d 'vllm speculative decoding without a draft model while an engines bat' -r -F
+complete -c rstar2 -n '__fish_seen_subcommand_from rollout' -l speculative -d 'vllm speculative decoding without a draft model ngramK drafts up to' -r -F
 complete -c rstar2 -n '__fish_seen_subcommand_from rollout' -l max-turns -d 'Most model turns per trajectory' -r -F
 complete -c rstar2 -n '__fish_seen_subcommand_from rollout' -l max-response-tokens -d 'Response budget, model + tool tokens (default 8192, clipped to the mo' -r -F
 complete -c rstar2 -n '__fish_seen_subcommand_from rollout' -l temperature -d 'Sampling temperature (0 greedy)' -r -F
@@ -85,7 +85,7 @@ complete -c rstar2 -n '__fish_seen_subcommand_from filter-hard' -l admission -d 
 complete -c rstar2 -n '__fish_seen_subcommand_from filter-hard' -l tail-kv-fraction -d 'kv incremental move a trajectory predicted long, at its next tool cal' -r -F
 complete -c rstar2 -n '__fish_seen_subcommand_from filter-hard' -l kv-cache-tokens -d 'KV cache per engine in tokens (default 65536, or one whole trajectory' -r -F
 complete -c rstar2 -n '__fish_seen_subcommand_from filter-hard' -l tensor-parallel-size -d 'GPUs per engine (vLLM tensor parallelism)' -r -F
-complete -c rstar2 -n '__fish_seen_subcommand_from filter-hard' -l speculative -d 'vllm speculative decoding without a draft model while an engines bat' -r -F
+complete -c rstar2 -n '__fish_seen_subcommand_from filter-hard' -l speculative -d 'vllm speculative decoding without a draft model ngramK drafts up to' -r -F
 complete -c rstar2 -n '__fish_seen_subcommand_from filter-hard' -l max-turns -d 'Most model turns per trajectory' -r -F
 complete -c rstar2 -n '__fish_seen_subcommand_from filter-hard' -l max-response-tokens -d 'Response budget, model + tool tokens (default 12288, clipped to the m' -r -F
 complete -c rstar2 -n '__fish_seen_subcommand_from filter-hard' -l temperature -d 'Sampling temperature (0 greedy)' -r -F
@@ -119,7 +119,7 @@ complete -c rstar2 -n '__fish_seen_subcommand_from eval' -l admission -d 'kv the
 complete -c rstar2 -n '__fish_seen_subcommand_from eval' -l tail-kv-fraction -d 'kv incremental move a trajectory predicted long, at its next tool cal' -r -F
 complete -c rstar2 -n '__fish_seen_subcommand_from eval' -l kv-cache-tokens -d 'KV cache per engine in tokens (default 65536, or one whole trajectory' -r -F
 complete -c rstar2 -n '__fish_seen_subcommand_from eval' -l tensor-parallel-size -d 'GPUs per engine (vLLM tensor parallelism)' -r -F
-complete -c rstar2 -n '__fish_seen_subcommand_from eval' -l speculative -d 'vllm speculative decoding without a draft model while an engines bat' -r -F
+complete -c rstar2 -n '__fish_seen_subcommand_from eval' -l speculative -d 'vllm speculative decoding without a draft model ngramK drafts up to' -r -F
 complete -c rstar2 -n '__fish_seen_subcommand_from eval' -l max-turns -d 'Most model turns per trajectory' -r -F
 complete -c rstar2 -n '__fish_seen_subcommand_from eval' -l max-response-tokens -d 'Response budget, model + tool tokens (default 30000, clipped to the m' -r -F
 complete -c rstar2 -n '__fish_seen_subcommand_from eval' -l temperature -d 'Sampling temperature (0 greedy)' -r -F

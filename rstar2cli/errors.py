@@ -14,6 +14,12 @@ class UserError(Exception):
     exit_code = 2
 
 
+class EngineDead(UserError):
+    """An engine can serve no more requests (its process died). A rollout stops at the first one:
+    every request after it would fail too, and writing those trajectories as finished
+    (`engine_error`) would make a resumed run skip them."""
+
+
 def first_line(exc: BaseException) -> str:
     """The first line of an exception's message (or its type's name when it has none), for
     one-line errors that quote a library's failure."""

@@ -142,10 +142,10 @@ SPECULATIVE = typer.Option(
     "--speculative",
     metavar="METHOD:TOKENS[:MAX_BATCH]",
     show_default=False,
-    help="vllm: speculative decoding without a draft model while an engine's batch is at most "
-    "MAX_BATCH (default 32; the rollout's tail): ngram:K drafts up to K tokens from the "
-    "trajectory's own context, suffix:K (needs arctic-inference) also from finished responses. "
-    "The samples keep the model's distribution; the run prints the acceptance. Default: off.",
+    help="vllm: speculative decoding without a draft model: ngram:K drafts up to K tokens a step "
+    "from the trajectory's own context while an engine's batch is at most MAX_BATCH (default 32; "
+    "the rollout's tail). The samples keep the model's distribution; the run prints the "
+    "acceptance. Default: off.",
 )
 TOP_P = typer.Option(ROLLOUT.top_p, "--top-p", min=0.0, max=1.0, help="Nucleus sampling.")
 SEED = typer.Option(0, "--seed", help="Sampling seed (mixed with problem id, sample and turn).")

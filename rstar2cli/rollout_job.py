@@ -20,7 +20,9 @@ with their tool calls cut out, never the tool output. A tool that prints
 `run_command_job` is the whole run of a one-shot command: engines and tools up, one progress line,
 and interrupts. Ctrl-C or SIGTERM stops the run: records finished before it are written, nothing
 finishing after it is (an engine killed by the same Ctrl-C cannot turn unfinished work into
-`engine_error` rows), and `Interrupted` (exit 130) tells the user to rerun, which resumes.
+`engine_error` rows), and `Interrupted` (exit 130) tells the user to rerun, which resumes. An
+engine that dies (`errors.EngineDead`) or refuses a request (`UserError`) stops the run the same
+way, with a one-line error (exit 2).
 
 What it does not do: parse options (`rstar2cli.options`), check inputs (`rstar2cli.agent.inputs`),
 or decide what a row looks like on disk (callers pass `decorate` and `write`).
@@ -277,15 +279,19 @@ class _CommandRun:
         try:
             return asyncio.run(self._main(start_engines, tool_urls))
         except BaseException as exc:
-            if not self.stop.stopped(exc):
+            stopped = self.stop.stopped(exc)  # an engine killed by the same Ctrl-C is no news
+            if not stopped and not isinstance(exc, UserError):
                 raise
             self.sink.close_intake()
             self.sink.flush()
-            raise Interrupted(
-                f"interrupted: {self.sink.num_written} finished trajectories kept, "
+            kept = (
+                f"{self.sink.num_written} finished trajectories kept, "
                 f"{len(self.items) - self.sink.num_written} not run; rerun the same command to "
                 "resume"
-            ) from None
+            )
+            if stopped:
+                raise Interrupted(f"interrupted: {kept}") from None
+            raise type(exc)(f"{exc}; {kept}") from None
         finally:
             self.stop.disarm()
 

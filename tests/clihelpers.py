@@ -61,10 +61,10 @@ def kill_9_alone(proc: subprocess.Popen, wait_s: float = 30.0) -> tuple[list[str
     from rstar2cli.procguard import descendants
 
     below = descendants(proc.pid)
-    names = [_cmdline(p) for p in below]
+    names = [cmdline(p) for p in below]
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
-    return names, [_cmdline(p) for p in wait_dead(below, wait_s)]
+    return names, [cmdline(p) for p in wait_dead(below, wait_s)]
 
 
 def wait_dead(pids: list[int], wait_s: float) -> list[int]:
@@ -84,7 +84,7 @@ def end_group(proc: subprocess.Popen) -> None:
     proc.wait()
 
 
-def _cmdline(pid: int) -> str:
+def cmdline(pid: int) -> str:
     try:
         return Path(f"/proc/{pid}/cmdline").read_bytes()[:300].replace(b"\0", b" ").decode()
     except OSError:

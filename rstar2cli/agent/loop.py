@@ -9,7 +9,9 @@ again, until a stop rule fires:
 - a tool call in turn `max_turns`: finish "max_turns" (the call is not run);
 - the response budget spent (model tokens and tool chunks both count, so prompt + response never
   exceeds prompt + `max_response_tokens`, the reservation the scheduler makes): finish "budget";
-- the engine failing a request: finish "engine_error".
+- the engine failing a request: finish "engine_error" (an engine that died, `errors.EngineDead`,
+  or refused the request, a `UserError`, is raised to the caller instead: every request after it
+  would fail too).
 
 `Trajectory` is a synchronous state machine: the caller sends it engine outputs
 (`on_generated`) and tool results (`on_tool_result`) and reads what to do next (`Next`). Who
@@ -37,6 +39,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from rstar2cli import protocol as P
+from rstar2cli.errors import UserError
 from sandboxd.wire import Job, JobResult
 
 FINISH_REASONS = ("answer", "no_answer", "max_turns", "budget", "engine_error")
@@ -350,6 +353,8 @@ async def run_trajectory(
                 out = await engine.generate(
                     f"{request_id}-{step}", traj.context_ids, traj.sampling_spec()
                 )
+            except UserError:  # (an engine that died) no later request can succeed
+                raise
             except Exception:  # a failed request ends this trajectory only
                 traj.finish("engine_error")
                 break

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rstar2cli.errors import UserError
+from rstar2cli.errors import EngineDead, UserError
 from rstar2cli.rl.selection import rollout_metrics, select, update_metrics
 from rstar2cli.rl.stage_recipe import RlRecipe
 from rstar2cli.rl.trainer import TrainSample, UpdateSums
@@ -459,10 +459,11 @@ def run_stage(recipe: RlRecipe, opts: StageOptions, inputs: StageInputs) -> Path
     try:
         return asyncio.run(run.run())
     except BaseException as exc:
-        if not run.stop.stopped(exc):
-            raise
-        raise Interrupted(
-            f"rl-stage interrupted; rerun the same command to resume from step {run.saved_step}"
-        ) from None
+        resume = f"rerun the same command to resume from step {run.saved_step}"
+        if run.stop.stopped(exc):
+            raise Interrupted(f"rl-stage interrupted; {resume}") from None
+        if isinstance(exc, EngineDead):  # the step it was rolling out is not trained on
+            raise EngineDead(f"{exc}; {resume}") from None
+        raise
     finally:
         run.stop.disarm()

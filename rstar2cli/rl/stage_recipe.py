@@ -147,10 +147,10 @@ class RolloutConfig(RecipeModel):
     )
     speculative: str | None = Field(
         None,
-        description="vllm: speculative decoding without a draft model while an engine's batch is "
-        "at most MAX_BATCH (default 32; the rollout's tail), as METHOD:TOKENS[:MAX_BATCH]: ngram:4 "
-        "drafts from the trajectory's own context, suffix:4 (needs arctic-inference) also from "
-        "finished responses; the samples keep the policy's distribution; null: off.",
+        description="vllm: speculative decoding without a draft model, as METHOD:TOKENS[:MAX_BATCH]: "
+        "ngram:4 drafts up to 4 tokens a step from the trajectory's own context while an engine's "
+        "batch is at most MAX_BATCH (default 32; the rollout's tail); the samples keep the "
+        "policy's distribution; null: off.",
     )
 
     @model_validator(mode="after")

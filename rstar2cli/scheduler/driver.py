@@ -6,7 +6,10 @@ wait for the next event (a generation or a tool result), update the `Trajectory`
 scheduler, repeat. A tool call goes to the sandbox the moment its turn is parsed (`ToolBatcher`),
 so a trajectory waiting for its tool never blocks an engine, and freed KV is handed to the next
 trajectory at once (real-time refill). A sampler task records KV use over time (ledger and
-engine-reported) and calls `on_tick` for progress displays.
+engine-reported) and calls `on_tick` for progress displays. A failed request ends its trajectory
+(`engine_error`); an engine that died (`errors.EngineDead`) or refuses a request the user must
+change (a `UserError`) ends the run, raised to the caller, with the records finished before it
+already handed to `on_record` and nothing after it.
 
 `rollout_session` holds the engines and the tool runner for a command's run and always shuts
 both down. What it does not do: files, grading or printing (the `rollout` command does), or
@@ -35,6 +38,7 @@ from rstar2cli.agent.loop import (
     Trajectory,
     prompt_ids_for,
 )
+from rstar2cli.errors import UserError
 from rstar2cli.scheduler.scheduler import Scheduler, SchedulerConfig, Status
 
 
@@ -240,6 +244,8 @@ class _Run:
                 assert isinstance(d.key, int)  # this run's keys are item indices
                 self._spawn(self._generate(d.key, d.engine, d.max_tokens))
             kind, key, payload = await self.events.get()
+            if kind == "fatal":
+                raise payload
             if kind == "gen":
                 self._on_generated(key, payload)
             else:
@@ -258,6 +264,9 @@ class _Run:
             out = await self.engines[engine].generate(
                 f"t{key}-s{step}", traj.context_ids, traj.sampling_spec(max_tokens)
             )
+        except UserError as exc:  # (an engine that died) no request there can succeed: stop
+            self.events.put_nowait(("fatal", key, exc))
+            return
         except Exception:  # noqa: BLE001 - a failed request ends this trajectory only
             out = None
         self.events.put_nowait(("gen", key, out))

@@ -13,7 +13,8 @@ into its bundle of a placement group (placement.py): the caller's, or one reserv
 engines (an engine's `tensor_parallel_size` GPUs in one bundle, hence one node), released when
 the last of them closes.
 
-What it does not do: restart dead actors. A HF folder given to `update_weights` must be readable
+What it does not do: restart dead actors (a call to one raises `errors.EngineDead`, as the
+engine inside an actor does when it dies). A HF folder given to `update_weights` must be readable
 on the actor's node (shared storage); a dict of tensors travels through Ray's object store (the
 disk path; the broadcast path moves no weights through Ray).
 Tested in tests/integration/test_ray_engines.py (two actors on a local Ray instance).
@@ -25,6 +26,7 @@ import asyncio
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from rstar2cli.errors import EngineDead, UserError, first_line
 from rstar2cli.scheduler.engines import GenOutput, SamplingSpec, build_engine
 
 if TYPE_CHECKING:
@@ -144,7 +146,12 @@ class RayEngine:
         except asyncio.CancelledError:
             ray.cancel(ref)
             raise
-        except ray.exceptions.RayError:  # actor died or its call raised: an engine error
+        except ray.exceptions.ActorDiedError as exc:
+            raise EngineDead(f"engine {self.name} died: {first_line(exc)}") from None
+        except ray.exceptions.RayError as exc:
+            cause = getattr(exc, "cause", None)
+            if isinstance(cause, UserError):  # the engine in the actor died, or refused
+                raise type(cause)(str(cause)) from None
             return GenOutput(token_ids=[], logprobs=None, finish_reason="error")
         finally:
             self._num_in_flight -= 1

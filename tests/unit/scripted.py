@@ -5,18 +5,20 @@ from __future__ import annotations
 
 import asyncio
 
+from rstar2cli.errors import EngineDead
 from rstar2cli.scheduler.engines import GenOutput
 
 
 class ScriptedEngine:
     """Returns scripted turns in order (per trajectory: keyed by the request-id prefix)."""
 
-    def __init__(self, tok, scripts, capacity_tokens=100_000, fail=False):
+    def __init__(self, tok, scripts, capacity_tokens=100_000, fail=False, die_after=None):
         self.name = "scripted"
         self.tok = tok
         self.scripts = scripts  # {trajectory prefix: [turn text, ...]} or {"*": [...]}
         self.capacity = capacity_tokens
         self.fail = fail
+        self.die_after = die_after  # requests answered before the engine dies (EngineDead)
         self.requests = []  # (request_id, prompt_ids, max_tokens)
         self.used = 0
 
@@ -24,6 +26,8 @@ class ScriptedEngine:
         self.requests.append((request_id, list(prompt_ids), spec.max_tokens))
         if self.fail:
             raise RuntimeError("engine died")
+        if self.die_after is not None and len(self.requests) > self.die_after:
+            raise EngineDead(f"engine {self.name} died: its process is gone")
         prefix = request_id.rsplit("-", 1)[0]
         queue = self.scripts.get(prefix, self.scripts.get("*"))
         text = queue.pop(0) if len(queue) > 1 else queue[0]

@@ -15,6 +15,7 @@ from scripted import ScriptedEngine
 from rstar2cli import protocol as P
 from rstar2cli.agent.loop import AgentConfig, ToolBatcher
 from rstar2cli.data.tiny import build_tokenizer
+from rstar2cli.errors import EngineDead
 from rstar2cli.reward.grader import Grader
 from rstar2cli.rollout_job import (
     GradedSink,
@@ -85,6 +86,38 @@ def test_an_answer_inside_the_models_own_tool_code_is_not_an_answer(tok):
     assert "\\boxed{89}" in rec["model_text"]  # the model wrote it, inside its tool call
     assert graded_text(rec).count("boxed") == 0
     assert rec["num_answer_tags"] == 0 and rec["reward"] == 0.0
+
+
+def test_an_engine_that_dies_stops_the_run_keeping_only_what_finished_before_it(tok):
+    # one request at a time: three trajectories finish, the fourth request finds the engine dead
+    engine = ScriptedEngine(tok, {"*": [OWN_ANSWER]}, die_after=3)
+    items = make_items([ITEM], 6)
+
+    async def go(sink):
+        sandbox = LocalSandbox(num_workers=1, timeout_s=5.0)
+        try:
+            await rollout_and_grade(
+                [engine],
+                items,
+                tok,
+                AgentConfig(max_turns=4, max_response_tokens=600, seed=seed_base(0)),
+                SchedulerConfig(max_active_per_engine=1),
+                ToolBatcher(sandbox),
+                sink,
+            )
+        finally:
+            await sandbox.close()
+
+    with Grader(num_workers=1, strict=True) as grader:
+        sink = GradedSink(grader, flush_every=None)
+        with pytest.raises(EngineDead, match="engine scripted died"):
+            asyncio.run(go(sink))
+        sink.flush()
+    # the dead engine's requests are not written as finished (a resumed run would skip them)
+    assert [(r["sample"], r["finish_reason"], r["reward"]) for r in sink.rows] == [
+        (0, "answer", 1.0), (1, "answer", 1.0), (2, "answer", 1.0),
+    ]  # fmt: skip
+    assert len(engine.requests) == 4
 
 
 def test_items_number_samples_per_problem_and_skip_done():
