@@ -144,8 +144,8 @@ SPECULATIVE = typer.Option(
     show_default=False,
     help="vllm: speculative decoding without a draft model: ngram:K drafts up to K tokens a step "
     "from the trajectory's own context while an engine's batch is at most MAX_BATCH (default 32; "
-    "the rollout's tail). The samples keep the model's distribution; the run prints the "
-    "acceptance. Default: off.",
+    "the rollout's tail). The samples keep the model's distribution (CPU engines: at "
+    "temperature 0 only); the run prints the acceptance. Default: off.",
 )
 TOP_P = typer.Option(ROLLOUT.top_p, "--top-p", min=0.0, max=1.0, help="Nucleus sampling.")
 SEED = typer.Option(0, "--seed", help="Sampling seed (mixed with problem id, sample and turn).")

@@ -353,7 +353,7 @@ async def run_trajectory(
                 out = await engine.generate(
                     f"{request_id}-{step}", traj.context_ids, traj.sampling_spec()
                 )
-            except UserError:  # (an engine that died) no later request can succeed
+            except UserError:  # the engine died or refused: no later request can succeed
                 raise
             except Exception:  # a failed request ends this trajectory only
                 traj.finish("engine_error")

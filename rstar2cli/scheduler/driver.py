@@ -264,7 +264,7 @@ class _Run:
             out = await self.engines[engine].generate(
                 f"t{key}-s{step}", traj.context_ids, traj.sampling_spec(max_tokens)
             )
-        except UserError as exc:  # (an engine that died) no request there can succeed: stop
+        except UserError as exc:  # the engine died or refused: no request there can succeed
             self.events.put_nowait(("fatal", key, exc))
             return
         except Exception:  # noqa: BLE001 - a failed request ends this trajectory only
