@@ -21,8 +21,8 @@ with their tool calls cut out, never the tool output. A tool that prints
 and interrupts. Ctrl-C or SIGTERM stops the run: records finished before it are written, nothing
 finishing after it is (an engine killed by the same Ctrl-C cannot turn unfinished work into
 `engine_error` rows), and `Interrupted` (exit 130) tells the user to rerun, which resumes. An
-engine that dies (`errors.EngineDead`) or refuses a request (`UserError`) stops the run the same
-way, with a one-line error (exit 2).
+engine that dies (`errors.EngineDead`) stops the run the same way, with a one-line error (exit 2)
+that says to rerun; one that refuses a request (a `UserError`) stops it with its own error.
 
 What it does not do: parse options (`rstar2cli.options`), check inputs (`rstar2cli.agent.inputs`),
 or decide what a row looks like on disk (callers pass `decorate` and `write`).
@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rstar2cli import protocol as P
-from rstar2cli.errors import UserError
+from rstar2cli.errors import EngineDead, UserError
 
 if TYPE_CHECKING:
     from rstar2cli.scheduler.scheduler import SchedulerConfig
@@ -291,7 +291,9 @@ class _CommandRun:
             )
             if stopped:
                 raise Interrupted(f"interrupted: {kept}") from None
-            raise type(exc)(f"{exc}; {kept}") from None
+            if isinstance(exc, EngineDead):
+                raise EngineDead(f"{exc}; {kept}") from None
+            raise  # a refusal: the same command would be refused again
         finally:
             self.stop.disarm()
 

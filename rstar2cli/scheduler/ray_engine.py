@@ -151,7 +151,7 @@ class RayEngine:
         except ray.exceptions.RayError as exc:
             cause = getattr(exc, "cause", None)
             if isinstance(cause, UserError):  # the engine in the actor died, or refused
-                raise type(cause)(str(cause)) from None
+                raise cause from None
             return GenOutput(token_ids=[], logprobs=None, finish_reason="error")
         finally:
             self._num_in_flight -= 1

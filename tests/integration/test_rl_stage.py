@@ -140,7 +140,9 @@ def _cmd(setup: dict, out: Path) -> list[str]:
     return cmd
 
 
-def _run(cmd: list[str], timeout_s: float = 600, cwd: Path = REPO) -> subprocess.CompletedProcess:
+def _run(
+    cmd: list[str], timeout_s: float = 600, cwd: Path = REPO, returncode: int = 0
+) -> subprocess.CompletedProcess:
     proc = subprocess.Popen(
         cmd,
         cwd=cwd,
@@ -157,7 +159,7 @@ def _run(cmd: list[str], timeout_s: float = 600, cwd: Path = REPO) -> subprocess
         os.killpg(proc.pid, signal.SIGKILL)
         stdout, stderr = proc.communicate()
         raise AssertionError(f"timed out after {timeout_s} s: {stderr[-3000:]}") from None
-    assert proc.returncode == 0, stderr[-3000:]
+    assert proc.returncode == returncode, stderr[-3000:]
     return subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr)
 
 
@@ -234,16 +236,9 @@ def test_speculating_cpu_engine_stops_the_stage_before_training_on_wrong_samples
     stage with a one-line error, before any step is trained or recorded."""
     out = setup["root"] / "run_speculative"
     sets = ["rollout.speculative=ngram:4", "train.num_steps=1", "eval.every_steps=0"]
-    res = subprocess.run(
-        _cmd(setup, out) + [x for s in sets for x in ("--set", s)],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env=_env(),
-    )
+    res = _run(_cmd(setup, out) + [x for s in sets for x in ("--set", s)], returncode=2)
     lines = [ln for ln in res.stderr.splitlines() if ln.startswith("error:")]
-    assert res.returncode == 2 and len(lines) == 1, res.stderr[-3000:]
+    assert len(lines) == 1, res.stderr[-3000:]
     assert "samples wrong tokens at temperature 1" in lines[0]
     assert not (out / "metrics.jsonl").exists() or not _rows(out)
 
