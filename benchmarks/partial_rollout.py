@@ -12,8 +12,10 @@ shorter step bought this way trains on older tokens. Groups that finish fastest 
 ones, so each step also leans towards easier prompts than the data (not measured here).
 
 What it does not do: the training side (which groups a trainer takes, importance weights for
-the old tokens) or the real driver (`rstar2cli.scheduler.driver` runs whole batches); this is a
-simulation for benchmarks/scheduler_bench.py part (b). Tested in tests/unit/test_scheduler_sim.py.
+the old tokens); this is a simulation for benchmarks/scheduler_bench.py part (b). The real path
+is `rl-stage`'s `rollout.over_provision` (rstar2cli/rl/partial.py). It differs in one way: there
+a stopping step waits for the requests in flight (at most `rollout.step_tokens` tokens each)
+instead of cutting them mid-request, so no engine is still generating when the weights change. Tested in tests/unit/test_scheduler_sim.py.
 """
 
 from __future__ import annotations

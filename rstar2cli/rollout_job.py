@@ -35,7 +35,7 @@ from __future__ import annotations
 import asyncio
 import signal
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -210,9 +210,12 @@ async def rollout_and_grade(
     sink: GradedSink,
     on_tick: Callable[[Any], None] | None = None,
     on_record: Callable[[dict[str, Any]], None] | None = None,
+    carried: Sequence[Any] = (),
+    stop_when: Callable[[], bool] | None = None,
 ) -> Any:
     """Roll `items` out on running engines into `sink` (flushed at the end); `on_record` is told
-    of each finished record too. Returns the driver's `RolloutStats`."""
+    of each finished record too. Returns the driver's `RolloutStats`. `carried` and `stop_when`:
+    partial rollout (`driver.run_rollout`)."""
     from rstar2cli.scheduler.driver import run_rollout
 
     def take(record: dict[str, Any]) -> None:
@@ -229,6 +232,8 @@ async def rollout_and_grade(
         tools,
         on_record=take,
         on_tick=on_tick,
+        carried=carried,
+        stop_when=stop_when,
     )
     sink.flush()
     return stats

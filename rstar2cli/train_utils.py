@@ -361,10 +361,16 @@ def open_run_logs(out: Path, start_step: int, tensorboard: bool) -> tuple[Any, A
 def batch_indices(step: int, num_examples: int, batch_size: int, seed: int) -> list[int]:
     """Example indices of one step: positions step*B .. step*B+B-1 of the stream of per-epoch
     permutations (a permutation depends only on seed and epoch, so resume needs only the step)."""
+    return stream_indices(step * batch_size, batch_size, num_examples, seed)
+
+
+def stream_indices(start: int, count: int, num_examples: int, seed: int) -> list[int]:
+    """Example indices at positions start .. start+count-1 of the stream of per-epoch
+    permutations (each a function of seed and epoch only)."""
     import torch
 
     out, perms = [], {}
-    for pos in range(step * batch_size, (step + 1) * batch_size):
+    for pos in range(start, start + count):
         epoch = pos // num_examples
         if epoch not in perms:
             g = torch.Generator().manual_seed(seed * 1_000_003 + epoch)

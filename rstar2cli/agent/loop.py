@@ -111,8 +111,40 @@ class Trajectory:
         self.tool_calls: list[dict[str, Any]] = []
         self.pending_call: P.ToolCall | None = None
         self.finish_reason: str | None = None
+        self.stale_tokens = 0  # response tokens made before the run it is in (partial rollout)
         self._turn_ids: list[int] = []
         self._last_max_tokens = 0
+
+    # -- partial rollout: a trajectory cut between requests, as JSON and back ---------------------
+
+    def state(self) -> dict[str, Any]:
+        """What `from_state` needs to go on with this trajectory: it must be cut between requests
+        (no tool call pending), as `driver.run_rollout`'s `stop_when` leaves it."""
+        if self.pending_call is not None or self.done:
+            raise RuntimeError("only a trajectory waiting for its next generate request is cut")
+        return {
+            "item": self.item,
+            "prompt_ids": self.layout.prompt_ids,
+            "response_ids": self.layout.response_ids,
+            "loss_mask": self.layout.loss_mask,
+            "num_turns": self.num_turns,
+            "model_text": self.model_text,
+            "tool_calls": self.tool_calls,
+            "turn_ids": self._turn_ids,
+            "stale_tokens": self.stale_tokens,
+        }
+
+    @classmethod
+    def from_state(cls, state: dict[str, Any], tokenizer: Any, config: AgentConfig) -> Trajectory:
+        traj = cls(state["item"], state["prompt_ids"], tokenizer, config)
+        traj.layout.response_ids = list(state["response_ids"])
+        traj.layout.loss_mask = list(state["loss_mask"])
+        traj.num_turns = int(state["num_turns"])
+        traj.model_text = str(state["model_text"])
+        traj.tool_calls = list(state["tool_calls"])
+        traj._turn_ids = list(state["turn_ids"])
+        traj.stale_tokens = int(state["stale_tokens"])
+        return traj
 
     # -- what the engine needs --------------------------------------------------------------------
 
@@ -250,6 +282,9 @@ class Trajectory:
         what the model wrote (loss mask 1), the only text an answer is ever taken from.
         """
         text = self.tokenizer.decode(self.layout.response_ids, skip_special_tokens=False)
+        carried = {}
+        if "group" in self.item:  # partial rollout: its prompt instance, its tokens made earlier
+            carried = {"group": self.item["group"], "stale_tokens": self.stale_tokens}
         return {
             "id": self.item["id"],
             "sample": self.item.get("sample", 0),
@@ -265,6 +300,7 @@ class Trajectory:
             "num_answer_tags": self.num_answer_tags,
             "finish_reason": self.finish_reason,
             "extracted": P.extract_answer(P.answer_region(self.model_text)),
+            **carried,
         }
 
 

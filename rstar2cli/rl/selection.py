@@ -38,15 +38,15 @@ class Selection:
 
 
 def select(records: list[dict[str, Any]], recipe: RlRecipe, step: int) -> Selection:
-    """Group by problem, drop equal-reward groups, RoC to G, advantages. Pure given (seed, step)."""
+    """Group by problem (prompt instance under partial rollout), drop equal-reward groups, RoC to G, advantages. Pure given (seed, step)."""
     import numpy as np
     import torch
 
     from rstar2cli.rl.advantages import group_advantages
 
     groups: dict[str, list[dict[str, Any]]] = {}
-    for r in records:
-        groups.setdefault(str(r["id"]), []).append(r)
+    for r in records:  # partial rollout names each prompt instance ("group")
+        groups.setdefault(str(r.get("group", r["id"])), []).append(r)
     group_list = list(groups.values())
     keep: Sequence[int] = range(len(group_list))
     if recipe.roc.drop_equal_groups:

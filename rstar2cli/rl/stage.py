@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rstar2cli.errors import EngineDead, UserError
+from rstar2cli.rl.partial import CARRY_FILE, Carry
 from rstar2cli.rl.selection import rollout_metrics, select, update_metrics
 from rstar2cli.rl.stage_recipe import RlRecipe
 from rstar2cli.rl.trainer import TrainSample, UpdateSums
@@ -76,6 +77,7 @@ class StageRun:
         self.engines: list[Any] = []
         self.saved_step = 0  # the newest checkpoint's step: where a rerun resumes
         self.stop = StopSignals()
+        self.carry = Carry()  # partial rollout: what the last step carried into the next
 
     # -- set-up ---------------------------------------------------------------------------
 
@@ -133,6 +135,17 @@ class StageRun:
         self.saved_step = start
         if start:
             print(f"rl-stage: resuming from step {start} (checkpoint in {self.ckpt_dir})")
+            carry_file = self.ckpt_dir / f"step{start}" / CARRY_FILE
+            if self.partial:
+                self.carry = Carry.load(
+                    carry_file, self.tokenizer, self._agent_config(0, r.rollout.temperature)
+                )
+            elif carry_file.is_file():
+                print(
+                    f"rl-stage: rollout.over_provision is 0: the samples step {start} carried "
+                    f"({carry_file}) are dropped; the data goes on from step {start} x "
+                    "num_prompts_per_step"
+                )
         try:
             async with rollout_session(
                 lambda: self._start_engines(placement),
@@ -171,6 +184,10 @@ class StageRun:
             self.trainers.close()
             if placement is not None:
                 placement.release()
+
+    @property
+    def partial(self) -> bool:
+        return self.recipe.rollout.over_provision > 0
 
     @property
     def uses_ray(self) -> bool:
@@ -266,22 +283,30 @@ class StageRun:
 
         r = self.recipe
         began = time.perf_counter()
-        idx = batch_indices(step, len(self.problems), r.rollout.num_prompts_per_step, r.train.seed)
-        records, grade_s, stats = await self._rollout(
-            [self.problems[i] for i in idx],
-            r.rollout.num_samples_per_prompt,
-            seed_base(r.train.seed, step),
-            r.rollout.temperature,
-            tools,
-            grader,
-            on_tick=rep.rollout_tick,
-        )
+        partial_row: dict[str, Any] = {}
+        if self.partial:
+            records, grade_s, stats, partial_row = await self._partial_rollout(
+                step, tools, grader, rep.rollout_tick
+            )
+        else:
+            idx = batch_indices(
+                step, len(self.problems), r.rollout.num_prompts_per_step, r.train.seed
+            )
+            records, grade_s, stats = await self._rollout(
+                [self.problems[i] for i in idx],
+                r.rollout.num_samples_per_prompt,
+                seed_base(r.train.seed, step),
+                r.rollout.temperature,
+                tools,
+                grader,
+                on_tick=rep.rollout_tick,
+            )
         rollout_s = time.perf_counter() - began - grade_s
         self._health_gate(records)
         rep.phase("update")
         t0 = time.perf_counter()
         sel = select(records, r, step)
-        row: dict[str, Any] = {"step": step + 1, **rollout_metrics(records, sel)}
+        row: dict[str, Any] = {"step": step + 1, **rollout_metrics(records, sel), **partial_row}
         if stats.drafts[0]:  # speculative decoding drafted in this step's rollout
             row.update(draft_tokens=stats.drafts[0], draft_acceptance=stats.draft_acceptance)
         if sel.samples:
@@ -376,12 +401,64 @@ class StageRun:
             items,
             self.tokenizer,
             self._agent_config(seed, temperature),
-            scheduler_config(self.recipe.rollout),
+            self._sched_config(),
             tools,
             sink,
             on_tick=on_tick,
         )
         return in_item_order(sink.rows, items), sink.grade_s, stats
+
+    def _sched_config(self) -> Any:
+        r = self.recipe.rollout
+        return scheduler_config(r, step_tokens=r.step_tokens)
+
+    async def _partial_rollout(
+        self, step: int, tools: Any, grader: Any, on_tick: Any
+    ) -> tuple[list[dict[str, Any]], float, Any, dict[str, Any]]:
+        """A partial-rollout step (rstar2cli/rl/partial.py): the carried trajectories and fresh
+        prompts rolled out until enough prompt instances are whole. Returns the whole instances'
+        graded records, the seconds spent grading, the driver's stats and the step's partial
+        metrics; `self.carry` becomes what this step carries."""
+        from rstar2cli.rl.partial import (
+            StepInstances,
+            end_step,
+            fresh_items,
+            num_fresh,
+            stale_token_share,
+        )
+        from rstar2cli.rollout_job import GradedSink, rollout_and_grade
+        from rstar2cli.train_utils import stream_indices
+
+        r, carry = self.recipe.rollout, self.carry
+        count = num_fresh(r.num_prompts_per_step, r.over_provision, carry)
+        idx = stream_indices(carry.cursor, count, len(self.problems), self.recipe.train.seed)
+        items = fresh_items([self.problems[i] for i in idx], r.num_samples_per_prompt, step)
+        instances = StepInstances(carry, r.num_samples_per_prompt, r.num_prompts_per_step)
+        sink = GradedSink(grader, flush_every=None)
+        stats = await rollout_and_grade(
+            self.engines,
+            items,
+            self.tokenizer,
+            self._agent_config(seed_base(self.recipe.train.seed, step), r.temperature),
+            self._sched_config(),
+            tools,
+            sink,
+            on_tick=on_tick,
+            on_record=instances.on_record,
+            carried=carry.trajectories,
+            stop_when=instances.enough,
+        )
+        whole, self.carry = end_step(carry, count, sink.rows, instances, stats.unfinished)
+        return (
+            whole,
+            sink.grade_s,
+            stats,
+            {
+                "num_fresh_prompts": count,
+                "num_carried": len(self.carry.trajectories),
+                "stale_token_share": stale_token_share(whole),
+            },
+        )
 
     def _checkpoint(self, step: int) -> None:
         from rstar2cli.train_utils import prune_checkpoints, rng_state
@@ -392,6 +469,9 @@ class StageRun:
             "data_cursor": step * r.rollout.num_prompts_per_step,
             "rng": rng_state(),
         }
+        if self.partial:  # written first: a checkpoint that `latest` names never lacks it
+            client["data_cursor"] = self.carry.cursor
+            self.carry.save(self.ckpt_dir / f"step{step}" / CARRY_FILE)
         self.trainers.save_checkpoint(self.ckpt_dir, step, client)
         self.saved_step = step
         prune_checkpoints(self.ckpt_dir, r.checkpoint.keep_last)

@@ -133,6 +133,13 @@ class RolloutConfig(RecipeModel):
         description="per_turn / incremental: reserve up to this multiple of each engine's KV "
         "(most requests end before using their whole step); 1.0 never lets an engine preempt.",
     )
+    step_tokens: int = Field(
+        SchedulerConfig.step_tokens,
+        ge=16,
+        description="kv per_turn / incremental: the most tokens one generate request makes (a "
+        "longer turn goes on in the next request); with over_provision, the longest a stopping "
+        "step waits for a request in flight.",
+    )
     admission: Literal["data", "predicted"] = Field(
         cast(Any, SchedulerConfig.admission),
         description="kv: the order new trajectories start in: data, or predicted (longest "
@@ -144,6 +151,15 @@ class RolloutConfig(RecipeModel):
         le=1.0,
         description="kv incremental: move a trajectory predicted long, at its next tool call, to a "
         "tail engine kept under this fraction of its KV; null: off (slower in the benchmark).",
+    )
+    over_provision: float = Field(
+        0.0,
+        ge=0.0,
+        le=4.0,
+        description="Partial rollout: keep num_prompts_per_step x (1 + this) prompts in flight, "
+        "train once num_prompts_per_step of them have every sample finished, and carry the "
+        "unfinished samples into the next step (their earlier tokens one step or more "
+        "off-policy: stale_token_share in metrics); 0: off, every step waits for all its samples.",
     )
     speculative: str | None = Field(
         None,

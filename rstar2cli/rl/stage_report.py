@@ -40,6 +40,8 @@ SCALARS = (
     "time_grade_s",
     "time_update_s",
     "time_sync_s",
+    "stale_token_share",  # partial rollout only
+    "num_carried",
 )
 
 PLOTS = (
@@ -135,6 +137,8 @@ def headline(row: dict[str, Any]) -> str:
             f"kept {row['num_kept']}",
             f"len {row['response_tokens']:.0f}",
         ]
+        if "stale_token_share" in row:  # partial rollout
+            parts.append(f"stale {row['stale_token_share']:.0%}")
     if row.get("eval_accuracy") is not None:
         parts.append(f"eval {row['eval_accuracy']:.2f}")
     return " | ".join(parts)

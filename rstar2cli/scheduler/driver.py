@@ -25,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -72,6 +72,8 @@ class RolloutStats:
     capacity_tokens: list[int] = field(default_factory=list)
     # speculative decoding in this run: draft tokens verified, accepted, tried (RUN_COUNTERS)
     drafts: tuple[float, float, float] = (0.0, 0.0, 0.0)
+    # trajectories a `stop_when` run cut, each ready for its next generate request
+    unfinished: list[Any] = field(default_factory=list, repr=False)
 
     @property
     def draft_acceptance(self) -> float | None:
@@ -148,17 +150,29 @@ async def run_rollout(
     on_tick: Callable[[Snapshot], None] | None = None,
     sample_every_s: float = 0.5,
     make_trajectory: Callable[[dict[str, Any], list[int]], Any] | None = None,
+    carried: Sequence[Trajectory] = (),
+    stop_when: Callable[[], bool] | None = None,
 ) -> RolloutStats:
     """Roll out every item; `on_record` gets each finished trajectory record, in finish order.
 
     `make_trajectory(item, prompt_ids)` replaces `agent.loop.Trajectory` with another object of
     the same surface (benchmarks/scheduler_bench.py plays scripted workloads through real engines).
+    Partial rollout: `carried` are trajectories an earlier run cut, going on from where they stand
+    (under this run's `agent_config`); once `stop_when()` is true (asked after every event), no
+    request is sent, the requests and tool calls in flight are waited for (a finished trajectory
+    among them is still a record), and the rest are returned in `RolloutStats.unfinished`, each
+    ready for its next generate request. In-flight requests are waited for, not aborted, so no
+    engine is still generating for this run when it returns (the weights may change next); with
+    `kv_mode` incremental each request is at most `step_tokens` long.
     """
     run = _Run(engines, tokenizer, agent_config, sched_config, tools, on_record)
     if make_trajectory is not None:
         run.make_trajectory = make_trajectory
     for key, item in enumerate(items):
         run.add(key, item)
+    for key, traj in enumerate(carried, start=len(items)):
+        run.add_started(key, traj)
+    run.stop_when = stop_when
     counted_before = _counter_totals(engines)
     sampler = asyncio.create_task(run.sample(on_tick, sample_every_s))
     try:
@@ -175,7 +189,7 @@ async def run_rollout(
     return RolloutStats(
         policy=sched_config.policy,
         kv_mode=sched_config.kv_mode,
-        num_trajectories=len(items),
+        num_trajectories=len(items) + len(carried),
         makespan_s=time.monotonic() - run.start,
         num_generated_tokens=run.num_generated_tokens,
         engine_busy_s=[s.busy_s(e) for e in range(len(engines))],
@@ -187,6 +201,7 @@ async def run_rollout(
         max_ledger_used_tokens=list(s.ledger.max_used_tokens),
         drafts=(drafts[0], drafts[1], drafts[2]),
         capacity_tokens=list(s.capacity_tokens),
+        unfinished=list(run.trajs.values()),
     )
 
 
@@ -224,6 +239,7 @@ class _Run:
         self.make_trajectory: Callable[[dict[str, Any], list[int]], Any] = lambda item, ids: (
             Trajectory(item, ids, tokenizer, agent_config)
         )
+        self.stop_when: Callable[[], bool] | None = None
 
     def add(self, key: int, item: dict[str, Any]) -> None:
         question = str(item["question"])
@@ -237,12 +253,27 @@ class _Run:
         group = (item.get("benchmark"), item["id"]) if "id" in item else None
         self.sched.add(key, len(prompt_ids), self.config.max_response_tokens, group)
 
+    def add_started(self, key: int, traj: Trajectory) -> None:
+        """A trajectory cut by an earlier run: its context so far counts as its prompt."""
+        traj.config = self.config
+        self.trajs[key] = traj
+        item = traj.item
+        group = (item.get("benchmark"), item["id"]) if "id" in item else None
+        self.sched.add(key, traj.num_tokens, traj.remaining_tokens, group)
+
     async def loop(self) -> None:
         self.start = time.monotonic()
+        stopping = False
         while not self.sched.all_done:
-            for d in self.sched.schedule():
-                assert isinstance(d.key, int)  # this run's keys are item indices
-                self._spawn(self._generate(d.key, d.engine, d.max_tokens))
+            stopping = stopping or (self.stop_when is not None and self.stop_when())
+            # NOTE: a finished task leaves `tasks` in a done callback that may not have run yet
+            in_flight = any(not task.done() for task in self.tasks)
+            if stopping and not in_flight and self.events.empty():
+                return  # nothing in flight: what is left is cut
+            if not stopping:
+                for d in self.sched.schedule():
+                    assert isinstance(d.key, int)  # this run's keys are item indices
+                    self._spawn(self._generate(d.key, d.engine, d.max_tokens))
             kind, key, payload = await self.events.get()
             if kind == "fatal":
                 raise payload

@@ -9,6 +9,8 @@ something to choose from, and the update is not zero.
   decoding; its row has the draft tokens and their acceptance.
 - test_two_steps_write_everything: 2 steps, colocated (the engine sleeps during updates); metrics
   rows, checkpoint, plots, resolved recipe, final HF folder; the weights moved, by broadcast.
+- test_partial_rollout_...: `rollout.over_provision` (partial rollout) for 3 steps, then step 3
+  again, resumed from the carry checkpoint 2 saved.
 - test_kill_during_step_two_then_resume_matches: a run whose driver alone is killed with SIGKILL
   during step 2 (everything it started dies with it: rstar2cli.procguard), then rerun: its metrics
   rows and final weights equal an uninterrupted run's exactly. Rollouts are reproducible because
@@ -241,6 +243,58 @@ def test_speculating_cpu_engine_stops_the_stage_before_training_on_wrong_samples
     assert len(lines) == 1, res.stderr[-3000:]
     assert "samples wrong tokens at temperature 1" in lines[0]
     assert not (out / "metrics.jsonl").exists() or not _rows(out)
+
+
+def test_partial_rollout_trains_whole_groups_and_a_resume_goes_on_with_what_it_carried(setup):
+    """`rollout.over_provision`: 1 prompt per step, 4 in flight, requests of 16 tokens; each step
+    trains on the prompt instances whole when it stopped and carries the rest (saved beside each
+    checkpoint). Then checkpoint 3 is removed, as if the run had died right after checkpoint 2,
+    and a rerun resumes from step 2 with exactly what that checkpoint carried."""
+    import shutil
+
+    out = setup["root"] / "run_partial"
+    sets = [
+        "rollout.num_prompts_per_step=1",
+        "rollout.over_provision=3.0",
+        "rollout.step_tokens=16",
+        "train.num_steps=3",
+        "checkpoint.keep_last=2",
+        "eval.every_steps=0",
+    ]
+    cmd = _cmd(setup, out) + [x for s in sets for x in ("--set", s)]
+    _run(cmd)
+
+    def carried(step: int) -> dict:
+        return json.loads((out / "checkpoints" / f"step{step}" / "carried.json").read_text())
+
+    def instances(carry: dict) -> set[str]:
+        groups = {r["group"] for r in carry["rows"]}
+        return groups | {t["item"]["group"] for t in carry["trajectories"]}
+
+    after2, rows = carried(2), _rows(out)
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    assert rows[0]["num_fresh_prompts"] == 4  # nothing carried in: 1 x (1 + 3) fresh
+    assert after2["cursor"] == rows[0]["num_fresh_prompts"] + rows[1]["num_fresh_prompts"]
+    assert rows[1]["num_carried"] == len(after2["trajectories"])
+    assert rows[2]["num_fresh_prompts"] == 4 - len(instances(after2))
+    for row in rows:  # whole instances only: 4 samples each, at least the 1 the step needs
+        assert row["num_rollouts"] >= 4 and row["num_rollouts"] % 4 == 0
+        assert 0.0 <= row["stale_token_share"] < 1.0
+    for t in after2["trajectories"]:  # cut between requests: a response so far, all stale
+        assert t["stale_tokens"] == len(t["response_ids"]) == len(t["loss_mask"])
+    assert sum(r["num_carried"] for r in rows) > 0, "no step cut a trajectory"
+
+    shutil.rmtree(out / "checkpoints" / "step3")
+    shutil.rmtree(out / "final")
+    (out / "checkpoints" / "latest").write_text("step2")
+    res = _run(cmd)
+    assert "resuming from step 2" in res.stdout
+    again = _rows(out)
+    assert [r["step"] for r in again] == [1, 2, 3] and again[:2] == rows[:2]
+    # the resumed step topped up what checkpoint 2 carried, from the cursor it saved
+    assert again[2]["num_fresh_prompts"] == 4 - len(instances(after2))
+    assert carried(3)["cursor"] == after2["cursor"] + again[2]["num_fresh_prompts"]
+    assert (out / "final" / "model.safetensors").is_file()
 
 
 def test_kill_during_step_two_then_resume_matches(setup, uninterrupted):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import torch
 
 from rstar2cli.recipe import load_recipe
@@ -127,3 +128,14 @@ def test_advantages_are_tensors_of_the_kept_group():
     assert torch.allclose(
         torch.tensor([s.advantage for s in sel.samples]), torch.tensor([1.0, -1.0]), atol=1e-4
     )
+
+
+def test_select_groups_partial_rollout_rows_by_prompt_instance():
+    """Two instances of one prompt (partial rollout: one carried from an earlier step, one fresh)
+    are two groups: each has its own mix of rewards."""
+    recipe = load_recipe(REPO / "recipes/tiny/rl.yaml", RlRecipe, ["roc.enabled=false"])
+    older = [_record("a", i, float(i % 2), []) | {"group": "3.0"} for i in range(2)]
+    fresh = [_record("a", i, 1.0, []) | {"group": "4.1"} for i in range(2)]  # all right: dropped
+    sel = select(older + fresh, recipe, step=4)
+    assert (sel.num_groups, sel.num_dropped_groups, len(sel.samples)) == (2, 1, 2)
+    assert sorted(s.advantage for s in sel.samples) == pytest.approx([-1.0, 1.0], abs=1e-4)
