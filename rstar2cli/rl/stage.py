@@ -12,6 +12,11 @@ checkpoint: the engines get the checkpoint's weights before the first rollout, a
 choice (prompt order, sampling seeds, RoC draws, mini-batch split) is a function of (seed, step),
 so on CPU a resumed run repeats an uninterrupted one.
 
+Partial rollout (`rollout.over_provision` > 0, rstar2cli/rl/partial.py): a step stops once
+`num_prompts_per_step` prompt instances are whole and carries the rest into the next; the carry
+is checkpointed with the step, so a resumed run goes on with it (where a step stops depends on
+timing, so such a run is not repeated exactly on resume).
+
 With Ray (`--ray-address`, or several trainer ranks) the run first checks that every node can read
 the model and write OUT, and reserves GPUs for engines and ranks (rstar2cli/scheduler/placement.py;
 one-line errors); OUT/placement.json records where each engine and rank landed.

@@ -9,7 +9,8 @@ trajectory at once (real-time refill). A sampler task records KV use over time (
 engine-reported) and calls `on_tick` for progress displays. A failed request ends its trajectory
 (`engine_error`); an engine that died (`errors.EngineDead`) or refuses a request the user must
 change (a `UserError`) ends the run, raised to the caller, with the records finished before it
-already handed to `on_record` and nothing after it.
+already handed to `on_record` and nothing after it. With `stop_when` a run ends early, between
+requests, and hands back what it cut (partial rollout; `carried` takes them up again).
 
 `rollout_session` holds the engines and the tool runner for a command's run and always shuts
 both down. What it does not do: files, grading or printing (the `rollout` command does), or
