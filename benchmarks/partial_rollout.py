@@ -2,20 +2,21 @@
 done, carry the unfinished samples into the next step.
 
 A GRPO step needs `num_prompts` whole groups. Here each step starts `over_provision` more prompt
-groups than that (the carried ones count against the extra), ends the moment `num_prompts`
-groups have every sample finished, and cuts the rest where they stand: their tokens so far are
-kept and their contexts prefilled again in the next step (the weights changed, so no cache
-survives), where they go on under the new policy. A carried sample is therefore partly one step
-(or more) off-policy: `off_policy_share` is the share of the decoded tokens of a step's finished
-groups that an earlier step's policy produced, and it is reported beside the step time, since a
-shorter step bought this way trains on older tokens. Groups that finish fastest are the easy
-ones, so each step also leans towards easier prompts than the data (not measured here).
+groups than that (the carried ones count against the extra). Once `num_prompts` groups have every
+sample finished it sends no more requests, waits for the requests and tool calls in flight (with
+the incremental scheduler a request makes at most `step_tokens`), and carries the rest: their
+contexts are prefilled again in the next step (the weights changed, so no cache survives), where
+they go on under the new policy. This is what `rl-stage` does with `rollout.over_provision`
+(rstar2cli/rl/partial.py); `drain=False` instead cuts the requests in flight mid-request,
+keeping their tokens. A carried sample is partly one step (or more) off-policy:
+`off_policy_share` is the share of the decoded tokens of a step's finished groups that an earlier
+step's policy produced, and it is reported beside the step time, since a shorter step bought this
+way trains on older tokens. Groups that finish fastest are the easy ones, so each step also leans
+towards easier prompts than the data (not measured here).
 
 What it does not do: the training side (which groups a trainer takes, importance weights for
-the old tokens); this is a simulation for benchmarks/scheduler_bench.py part (b). The real path
-is `rl-stage`'s `rollout.over_provision` (rstar2cli/rl/partial.py). It differs in one way: there
-a stopping step waits for the requests in flight (at most `rollout.step_tokens` tokens each)
-instead of cutting them mid-request, so no engine is still generating when the weights change. Tested in tests/unit/test_scheduler_sim.py.
+the old tokens); this is a simulation for benchmarks/scheduler_bench.py part (b). Tested in
+tests/unit/test_scheduler_sim.py.
 """
 
 from __future__ import annotations
@@ -49,9 +50,11 @@ def simulate_partial(
     capacity_tokens: int,
     cost: Cost,
     max_num_seqs: int = 256,
+    drain: bool = True,
 ) -> list[PartialStep]:
     """`num_steps` steps back to back, each on fresh prompts (workload seed `seed` + step) and
-    what the previous step carried."""
+    what the previous step carried. `drain` (rl-stage's way): a stopping step waits for the
+    requests and tool calls in flight; False: it cuts them mid-request (`simulate`)."""
     in_flight = math.ceil(num_prompts * (1 + over_provision))
     carried: list[SimTraj] = []
     steps = []
@@ -64,7 +67,7 @@ def simulate_partial(
         work = carried + fresh
         r = simulate(
             work, config, num_engines, capacity_tokens, max_response, cost, max_num_seqs,
-            stop_after_groups=num_prompts,
+            stop_after_groups=num_prompts, drain=drain,
         )  # fmt: skip
         steps.append(_step(work, r))
         carried = r.carried

@@ -321,8 +321,10 @@ def run_partial(args, cost, seeds: list[int], records: list[dict], default: str)
     print(
         f"\n(b) partial rollout, {default}, separate from the above (it trains on tokens up to a "
         f"step old): each step starts {args.sim_partial:.0%} more prompt groups than the "
-        f"{args.sim_prompts} it needs, ends once {args.sim_prompts} groups are whole, and carries "
-        "the unfinished samples into the next (re-prefilled there); step k's fresh prompts are "
+        f"{args.sim_prompts} it needs; once {args.sim_prompts} groups are whole it sends no more "
+        f"requests, waits for those in flight (at most {args.sim_step_tokens} tokens each with the "
+        "incremental scheduler) and tool calls, and carries the unfinished samples into the next "
+        "(re-prefilled there), as rl-stage's rollout.over_provision does; step k's fresh prompts are "
         "workload seed k's, so it is set against that seed's whole-batch makespan. Step 0 has "
         "nothing carried in, so the later steps show the steady state."
     )

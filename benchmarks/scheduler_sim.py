@@ -349,18 +349,22 @@ def simulate(
     max_num_seqs: int = 256,
     stop_after_groups: int | None = None,
     oracle: bool = False,
+    drain: bool = False,
 ) -> SimResult:
     """Play `workload` through the real `Scheduler` on `num_engines` simulated engines until
     every trajectory finished, or, with `stop_after_groups`, until that many prompt groups have
     (every sample of theirs in `workload` finished): the rest are cut where they stand and
-    returned in `SimResult.carried`, ready to go on in the next step (partial rollout).
+    returned in `SimResult.carried`, ready to go on in the next step (partial rollout). `drain`:
+    at that point no request is sent, and the run ends once the requests and tool calls in
+    flight are done (rl-stage's partial rollout); else those are cut mid-request, keeping the
+    tokens made so far.
     `oracle`: the scheduler is told every trajectory's true length (`OracleLengths`), each one
     its own group, so `predicted` admission starts the longest trajectories first and tail
     engines take exactly the long ones: what perfect prediction would buy, not a policy."""
     run = _Run(
         workload, config, num_engines, capacity_tokens, max_response, cost, max_num_seqs, oracle
     )
-    run.stop_after_groups = stop_after_groups
+    run.stop_after_groups, run.drain = stop_after_groups, drain
     run.go()
     return run.result()
 
@@ -401,6 +405,7 @@ class _Run:
         self.left_in_group = {g: len(keys) for g, keys in self.members.items()}
         self.num_groups_done = 0
         self.stop_after_groups: int | None = None
+        self.drain = False  # once stopped, finish what is in flight (`simulate`)
         self.predicted: dict[int, float] = {}  # the rest of a group, when its first finished
         self.last_engine: dict[int, int] = {}  # where each trajectory's last request ran
         self.last_ctx: dict[int, int] = {}  # its context when that request returned
@@ -409,13 +414,14 @@ class _Run:
 
     def go(self) -> None:
         self.dispatch()
-        while self.events and not self.stopped():
+        while self.events and (self.drain or not self.stopped()):
             self.now, _, kind, payload = heapq.heappop(self.events)
             if kind == "tool":
                 self.tool_done(payload)
             else:
                 self.step_done(*payload)
-            self.dispatch()
+            if not self.stopped():
+                self.dispatch()
             if kind == "step" and not self.engines[payload[0]].stepping:
                 self.plan(self.engines[payload[0]])
         assert self.stopped() or self.sched.all_done, "ended with unfinished trajectories"

@@ -76,8 +76,26 @@ def test_a_cut_carries_the_unfinished_with_their_tokens_so_far():
     ]  # every token made once, across the cut
 
 
+def test_a_draining_cut_waits_for_the_requests_and_tool_calls_in_flight():
+    """rl-stage's way: once the short group is whole nothing new is sent, but the long samples'
+    requests in flight (the scheduler's steps of 100 tokens) finish first; what is carried goes
+    on from there."""
+    short = [SimTraj(100, [50], [], [], group=0) for _ in range(2)]
+    long_ = [SimTraj(100, [300, 300], [20], [1.0], group=1) for _ in range(2)]
+    cut = simulate(short + long_, config(), 2, 4000, 1000, COST, stop_after_groups=1)
+    drained = simulate(
+        short + long_, config(), 2, 4000, 1000, COST, stop_after_groups=1, drain=True
+    )
+    assert drained.done == [True, True, False, False]
+    assert drained.decoded_tokens == [50, 50, 100, 100] and drained.makespan_s > cut.makespan_s
+    for t in drained.carried:
+        assert (t.prompt_tokens, t.turns, t.chunks, t.group) == (200, [200, 300], [20], 1)
+        assert (t.budget, t.carried_tokens) == (900, 100)
+
+
 def test_partial_rollout_over_provisions_carries_and_counts_the_old_tokens():
-    cfg, cost = SchedulerConfig(), Cost(0.01, 5e-5, 8e-8, 5e-5)
+    # requests of at most 64 tokens: a stopping step waits for those in flight only
+    cfg, cost = SchedulerConfig(step_tokens=64), Cost(0.01, 5e-5, 8e-8, 5e-5)
     whole = [
         simulate(make_workload(4, 4, 2048, s), cfg, 2, 50_000, 2048, cost).makespan_s
         for s in range(3)
