@@ -282,9 +282,9 @@ class Trajectory:
         what the model wrote (loss mask 1), the only text an answer is ever taken from.
         """
         text = self.tokenizer.decode(self.layout.response_ids, skip_special_tokens=False)
-        carried = {}
+        partial = {}
         if "group" in self.item:  # partial rollout: its prompt instance, its tokens made earlier
-            carried = {"group": self.item["group"], "stale_tokens": self.stale_tokens}
+            partial = {"group": self.item["group"], "stale_tokens": self.stale_tokens}
         return {
             "id": self.item["id"],
             "sample": self.item.get("sample", 0),
@@ -300,7 +300,7 @@ class Trajectory:
             "num_answer_tags": self.num_answer_tags,
             "finish_reason": self.finish_reason,
             "extracted": P.extract_answer(P.answer_region(self.model_text)),
-            **carried,
+            **partial,
         }
 
 

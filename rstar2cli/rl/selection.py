@@ -38,7 +38,8 @@ class Selection:
 
 
 def select(records: list[dict[str, Any]], recipe: RlRecipe, step: int) -> Selection:
-    """Group by problem (prompt instance under partial rollout), drop equal-reward groups, RoC to G, advantages. Pure given (seed, step)."""
+    """Group by problem (by prompt instance under partial rollout), drop equal-reward groups, RoC
+    to G, advantages. Pure given (seed, step)."""
     import numpy as np
     import torch
 
