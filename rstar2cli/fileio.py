@@ -90,9 +90,9 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
             tmp_path.unlink()
 
 
-def write_json_atomic(path: str | Path, obj: Any) -> None:
+def write_json_atomic(path: str | Path, obj: Any, indent: int | None = 2) -> None:
     with atomic_path(path) as tmp:
-        tmp.write_text(json.dumps(obj, indent=2, sort_keys=False) + "\n", encoding="utf-8")
+        tmp.write_text(json.dumps(obj, indent=indent, sort_keys=False) + "\n", encoding="utf-8")
 
 
 def write_jsonl_atomic(path: str | Path, rows: list[dict[str, Any]]) -> None:

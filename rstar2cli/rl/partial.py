@@ -47,17 +47,14 @@ class Carry:
         return len({r["group"] for r in self.rows} | {t.item["group"] for t in self.trajectories})
 
     def save(self, path: Path) -> None:
-        import json
-
-        from rstar2cli.fileio import atomic_path
+        from rstar2cli.fileio import write_json_atomic
 
         data = {
             "cursor": self.cursor,
             "rows": self.rows,
             "trajectories": [t.state() for t in self.trajectories],
         }
-        with atomic_path(path) as tmp:  # compact: token ids are most of it
-            tmp.write_text(json.dumps(data, separators=(",", ":")), encoding="utf-8")
+        write_json_atomic(path, data, indent=None)  # one line: token ids are most of it
 
     @classmethod
     def load(cls, path: Path, tokenizer: Any, agent_config: Any) -> Carry:

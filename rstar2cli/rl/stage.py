@@ -397,9 +397,28 @@ class StageRun:
         """The rollout job on the stage's engines: graded records in item order (reproducible
         whatever order they finished in), the seconds spent grading, and the driver's
         `RolloutStats`."""
-        from rstar2cli.rollout_job import GradedSink, in_item_order, make_items, rollout_and_grade
+        from rstar2cli.rollout_job import in_item_order, make_items
 
         items = make_items(problems, num_samples)
+        rows, grade_s, stats = await self._roll_items(
+            items, seed, temperature, tools, grader, on_tick
+        )
+        return in_item_order(rows, items), grade_s, stats
+
+    async def _roll_items(
+        self,
+        items: list[dict[str, Any]],
+        seed: int,
+        temperature: float,
+        tools: Any,
+        grader: Any,
+        on_tick: Any = None,
+        **partial: Any,
+    ) -> tuple[list[dict[str, Any]], float, Any]:
+        """`items` rolled out and graded: (rows in finish order, grading seconds, the driver's
+        `RolloutStats`). `partial`: `rollout_and_grade`'s on_record, carried and stop_when."""
+        from rstar2cli.rollout_job import GradedSink, rollout_and_grade
+
         sink = GradedSink(grader, flush_every=None)
         stats = await rollout_and_grade(
             self.engines,
@@ -410,8 +429,9 @@ class StageRun:
             tools,
             sink,
             on_tick=on_tick,
+            **partial,
         )
-        return in_item_order(sink.rows, items), sink.grade_s, stats
+        return sink.rows, sink.grade_s, stats
 
     def _sched_config(self) -> Any:
         r = self.recipe.rollout
@@ -431,7 +451,6 @@ class StageRun:
             num_fresh,
             stale_token_share,
         )
-        from rstar2cli.rollout_job import GradedSink, rollout_and_grade
         from rstar2cli.train_utils import stream_indices
 
         r, carry = self.recipe.rollout, self.carry
@@ -439,24 +458,21 @@ class StageRun:
         idx = stream_indices(carry.cursor, count, len(self.problems), self.recipe.train.seed)
         items = fresh_items([self.problems[i] for i in idx], r.num_samples_per_prompt, step)
         instances = StepInstances(carry, r.num_samples_per_prompt, r.num_prompts_per_step)
-        sink = GradedSink(grader, flush_every=None)
-        stats = await rollout_and_grade(
-            self.engines,
+        rows, grade_s, stats = await self._roll_items(
             items,
-            self.tokenizer,
-            self._agent_config(seed_base(self.recipe.train.seed, step), r.temperature),
-            self._sched_config(),
+            seed_base(self.recipe.train.seed, step),
+            r.temperature,
             tools,
-            sink,
-            on_tick=on_tick,
+            grader,
+            on_tick,
             on_record=instances.on_record,
             carried=carry.trajectories,
             stop_when=instances.enough,
         )
-        whole, self.carry = end_step(carry, count, sink.rows, instances, stats.unfinished)
+        whole, self.carry = end_step(carry, count, rows, instances, stats.unfinished)
         return (
             whole,
-            sink.grade_s,
+            grade_s,
             stats,
             {
                 "num_fresh_prompts": count,

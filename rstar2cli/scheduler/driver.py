@@ -206,6 +206,12 @@ async def run_rollout(
     )
 
 
+def _siblings(item: dict[str, Any]) -> Any:
+    """The scheduler's group for an item: the samples of one problem are siblings, and it
+    predicts lengths from them."""
+    return (item.get("benchmark"), item["id"]) if "id" in item else None
+
+
 class _Run:
     """State of one `run_rollout` call."""
 
@@ -250,17 +256,13 @@ class _Run:
             )
         prompt_ids = self._prompt_cache[question]
         self.trajs[key] = self.make_trajectory(item, prompt_ids)
-        # the samples of one problem are siblings: the scheduler predicts lengths from them
-        group = (item.get("benchmark"), item["id"]) if "id" in item else None
-        self.sched.add(key, len(prompt_ids), self.config.max_response_tokens, group)
+        self.sched.add(key, len(prompt_ids), self.config.max_response_tokens, _siblings(item))
 
     def add_started(self, key: int, traj: Trajectory) -> None:
         """A trajectory cut by an earlier run: its context so far counts as its prompt."""
         traj.config = self.config
         self.trajs[key] = traj
-        item = traj.item
-        group = (item.get("benchmark"), item["id"]) if "id" in item else None
-        self.sched.add(key, traj.num_tokens, traj.remaining_tokens, group)
+        self.sched.add(key, traj.num_tokens, traj.remaining_tokens, _siblings(traj.item))
 
     async def loop(self) -> None:
         self.start = time.monotonic()
