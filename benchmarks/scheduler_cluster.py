@@ -7,6 +7,10 @@ each row is set against:
 - the critical path (`lower_bound_s`): the slowest trajectory alone on an engine, from its first
   prefill to its last token: prompt and tool answers prefilled, every token decoded at batch 1,
   every tool call's latency waited in full;
+- the batching bound (`batching_bound_s`), which makes the two pay for each other: a trajectory
+  waits out every step it is in, so one that must finish by T can share its steps only so much,
+  and the fixed cost of the steps it cannot share comes out of the engines' capacity. Where it
+  exceeds 1.15 x max(work bound, critical path), target 1 is out of reach of every schedule;
 - the step floor (`step_floor_s`, an estimate, not a bound);
 - the full-load path (`full_load_path_s`, not a bound): the slowest trajectory's time on an
   engine held at the work bound's load. Above the work bound it says the two bounds pull against
@@ -53,6 +57,7 @@ def run_sims(args, cost) -> None:
     default = default_label()
     checks = check_targets(records, default)
     print_targets(checks, default)
+    print_reach(records, default)
     partial = run_partial(args, cost, seeds, records, default) if args.sim_partial else None
     if args.json:
         write_json(Path(args.json), args, cost, records, checks, partial, default)
@@ -62,6 +67,7 @@ def run_sim(args, cost, seed: int) -> list[dict]:
     """Simulate every selected policy on one workload; print the tables; one record per row."""
     from scheduler_bench import _sched_config, _selected
     from scheduler_sim import (
+        batching_bound_s,
         full_load_path_s,
         lower_bound_s,
         make_workload,
@@ -73,6 +79,9 @@ def run_sim(args, cost, seed: int) -> list[dict]:
     work = make_workload(args.sim_prompts, args.sim_samples, args.sim_max_response, seed)
     work = order_groups(work, args.sim_samples, args.sim_order, args.sim_max_response)
     work_lb, path_lb = lower_bound_s(
+        work, args.sim_engines, args.sim_kv_tokens, args.sim_max_response, cost, args.sim_max_seqs
+    )
+    batching_lb = batching_bound_s(
         work, args.sim_engines, args.sim_kv_tokens, args.sim_max_response, cost, args.sim_max_seqs
     )
     floor = step_floor_s(work, args.sim_engines, args.sim_max_response, cost)
@@ -102,16 +111,16 @@ def run_sim(args, cost, seed: int) -> list[dict]:
             flush=True,
         )
     records = [
-        _record(seed, name, r, (work_lb, path_lb, floor[0], full_load), results)
+        _record(seed, name, r, (work_lb, path_lb, batching_lb, floor[0], full_load), results)
         for name, r in results.items()
     ]
-    _print_header(args, cost, seed, work_lb, path_lb, floor, full_load)
+    _print_header(args, cost, seed, (work_lb, path_lb, batching_lb), floor, full_load)
     _print_rows(records, results)
     return records
 
 
 def _record(seed, name, r, bounds, results) -> dict:
-    work_lb, path_lb, floor_s, full_load_s = bounds
+    work_lb, path_lb, batching_lb, floor_s, full_load_s = bounds
 
     def ratio(base: str) -> float | None:
         return results[base].makespan_s / r.makespan_s if base in results else None
@@ -122,6 +131,7 @@ def _record(seed, name, r, bounds, results) -> dict:
         "makespan_s": r.makespan_s,
         "work_bound_s": work_lb,
         "critical_path_s": path_lb,
+        "batching_bound_s": batching_lb,
         "step_floor_s": floor_s,
         "full_load_path_s": full_load_s,
         "start_bound_s": r.start_bound_s,
@@ -137,9 +147,10 @@ def _record(seed, name, r, bounds, results) -> dict:
     }
 
 
-def _print_header(args, cost, seed, work_lb, path_lb, floor, full_load_s) -> None:
+def _print_header(args, cost, seed, bounds, floor, full_load_s) -> None:
     from scheduler_sim import GPUS
 
+    work_lb, path_lb, batching_lb = bounds
     floor_s, floor_tokens, num_floor = floor
     print(
         f"\n(b) simulated: {args.sim_engines} engines, one per {GPUS[args.sim_gpu].name}, "
@@ -166,6 +177,17 @@ def _print_header(args, cost, seed, work_lb, path_lb, floor, full_load_s) -> Non
         f"trajectory alone on an engine: batch 1, its tool calls waited) {path_lb:.1f} s; max "
         f"{max(work_lb, path_lb):.1f} s"
     )
+    if batching_lb is None:
+        print(
+            "batching bound: not computed with speculative decoding (a step makes several tokens)"
+        )
+    else:
+        print(
+            f"batching bound (scheduler_sim.batching_bound_s: each trajectory waits out every step "
+            f"it shares, and the steps it cannot share pay the fixed cost): {batching_lb:.1f} s = "
+            f"{batching_lb / max(work_lb, path_lb):.3f} x max bound; no schedule goes below "
+            f"{max(work_lb, path_lb, batching_lb):.1f} s"
+        )
     print(
         f"step floor (estimate, not a bound; scheduler_sim.step_floor_s): {floor_s:.1f} s = "
         f"{floor_tokens} decode steps x {cost.a_s * 1e3:.2f} ms on every engine "
@@ -183,7 +205,8 @@ def _print_rows(records: list[dict], results: dict) -> None:
     def fmt(x: float | None, spec: str, suffix: str = "") -> str:
         return "-" if x is None else f"{x:{spec}}{suffix}"
 
-    header = ["policy", "makespan s", "x max bd", "x floor", "start bd s", "idle frac"]
+    header = ["policy", "makespan s", "x max bd", "x best bd", "x floor", "start bd s"]
+    header.append("idle frac")
     header += ["preempt", "KV mean", "moves", "move work", "rho", "static/x", "least-req/x"]
     table = []
     for rec in records:
@@ -193,6 +216,7 @@ def _print_rows(records: list[dict], results: dict) -> None:
                 rec["policy"],
                 f"{rec['makespan_s']:.1f}",
                 f"{rec['makespan_s'] / bound:.3f}",
+                f"{rec['makespan_s'] / best_bound_s(rec):.3f}",
                 f"{rec['makespan_s'] / rec['step_floor_s']:.3f}",
                 f"{rec['start_bound_s']:.1f}",
                 f"{rec['idle_fraction']:.3f}",
@@ -207,7 +231,8 @@ def _print_rows(records: list[dict], results: dict) -> None:
         )
     print_table(header, table)
     print(
-        "start bd: had each trajectory run alone from when it started; move work: re-prefill on "
+        "best bd: max(work bd, crit path, batching bd); start bd: had each trajectory run alone "
+        "from when it started; move work: re-prefill on "
         "the engine a trajectory moved to, as a share of all engine work; rho: Spearman of the "
         "predicted and true response lengths of each prompt's samples still unfinished when its "
         "first sample finished"
@@ -306,6 +331,35 @@ def print_targets(checks: list[dict], default: str) -> None:
     print_table(header, table)
 
 
+def best_bound_s(rec: dict) -> float:
+    """The most any of the three bounds says: no schedule of this workload finishes before it."""
+    return max(rec["work_bound_s"], rec["critical_path_s"], rec["batching_bound_s"] or 0.0)
+
+
+def print_reach(records: list[dict], default: str) -> None:
+    """Whether target 1 can be met at all: best bound / max(work bound, critical path) per seed."""
+    rows = [r for r in records if r["policy"] == default and r["batching_bound_s"] is not None]
+    if not rows:
+        return
+    limit = TARGETS["max_bound_ratio"]
+    reach = {
+        r["seed"]: best_bound_s(r) / max(r["work_bound_s"], r["critical_path_s"]) for r in rows
+    }
+    gap = [r["makespan_s"] / best_bound_s(r) for r in rows]
+    out = [str(seed) for seed, x in reach.items() if x > limit]
+    verdict = (
+        "out of reach of every schedule on every seed" if len(out) == len(rows)
+        else f"out of reach of every schedule on seed(s) {','.join(out)}" if out
+        else "not ruled out by the bounds"
+    )  # fmt: skip
+    print(
+        f"\ntarget 1 against the batching bound: per seed, no schedule goes below "
+        f"{' '.join(f'{x:.3f}' for x in reach.values())} x max(work bd, crit path), so <= {limit} "
+        f"is {verdict}; {default} takes "
+        f"{' '.join(f'{x:.3f}' for x in gap)} x the best bound"
+    )
+
+
 def run_partial(args, cost, seeds: list[int], records: list[dict], default: str) -> dict:
     """Partial rollout with the default policy: steps whose fresh prompts are those of workload
     seeds `seeds` in turn, against the whole-batch makespan of each seed."""
@@ -368,6 +422,10 @@ def write_json(path: Path, args, cost, records, checks, partial, default: str) -
             "critical_path_s": "the slowest trajectory alone on an engine: prompt and tool "
             "answers prefilled, every token decoded at batch 1 (speculating as an engine at "
             "batch 1 would, with cost.max_draft > 0), every tool call waited in full",
+            "batching_bound_s": "a lower bound (null with speculative decoding): the least T at "
+            "which every trajectory can make its decode steps, waiting out each step it shares, "
+            "and all engines can run the fixed cost of the steps that takes plus every token's "
+            "per-token work and every prefill (scheduler_sim.batching_bound_s)",
             "step_floor_s": "estimate, not a bound: the num_engines-th longest decode count x "
             "the fixed step cost, plus each engine's share of the per-token work",
             "full_load_path_s": "not a bound: the slowest trajectory's time when each of its "

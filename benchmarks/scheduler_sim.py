@@ -61,6 +61,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+import numpy as np
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from rstar2cli.scheduler.engines import SPECULATIVE_MAX_BATCH  # noqa: E402
@@ -796,6 +798,64 @@ def lower_bound_s(
     ) / num_engines
     path = max(own_min_s(t, max_response, cost) for t in workload)
     return work, path
+
+
+def batching_bound_s(
+    workload: list[SimTraj],
+    num_engines: int,
+    capacity_tokens: int,
+    max_response: int,
+    cost: Cost,
+    max_num_seqs: int = 256,
+) -> float | None:
+    """A lower bound on any schedule's makespan that makes the work bound and the critical path
+    pay for each other (None with speculative decoding, where a step makes several tokens).
+
+    A trajectory makes its D decode tokens in D steps, one after another, and waits out every
+    step it is in: the longer its engine's batch, the slower it goes. Let a step take a + x, where
+    x = the members' b + c x context (mu per token) plus any prefill it stalls for. The step's
+    members' mu sum to at most x, so each step is worth at least sum(mu / x) over its tokens, and
+    the number of steps N >= the sum of mu / x over all tokens. For one trajectory whose steps may
+    add up to at most S = T - its tool waits and prefills - a x D, Cauchy-Schwarz gives
+    sum(mu / x) >= (sum of sqrt(mu))^2 / S: it can only share its steps so much before it misses
+    T. N also needs at least tokens / max_num_seqs, context tokens read / KV capacity (as the
+    work bound) and the longest trajectory's D. All engines together run a x N + every token's b
+    and c work + every prefill, which must fit in num_engines x T. The bound is the least T (not
+    below the critical path) where it does. It is a relaxation (no engine placement, no discrete
+    batches, no tool or KV contention), so a schedule may stay above it; none goes below it.
+    """
+    if cost.max_draft:
+        return None
+    total_tokens, ctx_token_sum, prefill = _totals(workload, max_response)
+    fixed_s = cost.b_s * total_tokens + cost.c_s * ctx_token_sum + cost.p_s * prefill
+    sqrt_sq, wait, decoded = [], [], []
+    for t in workload:
+        root, waited, num = 0.0, cost.p_s * t.prompt_tokens, 0
+        for c, n, tool_s, chunk in _turns(t, max_response):
+            root += float(np.sqrt(cost.b_s + cost.c_s * np.arange(c, c + n)).sum())
+            waited += tool_s + cost.p_s * chunk
+            num += n
+        sqrt_sq.append(root * root)
+        wait.append(waited)
+        decoded.append(num)
+    roots, unusable = np.array(sqrt_sq), np.array(wait) + cost.a_s * np.array(decoded)
+    min_steps = max(total_tokens / max_num_seqs, ctx_token_sum / capacity_tokens, max(decoded))
+
+    def fits(T: float) -> bool:
+        shares = np.divide(roots, T - unusable, out=np.zeros_like(roots), where=roots > 0)
+        steps = max(float(shares.sum()), min_steps)
+        return cost.a_s * steps + fixed_s <= num_engines * T
+
+    lo = max(own_min_s(t, max_response, cost) for t in workload)
+    if fits(lo):
+        return lo
+    hi = 2 * lo
+    while not fits(hi):
+        hi *= 2
+    while hi - lo > 1e-6 * hi:
+        mid = (lo + hi) / 2
+        lo, hi = (lo, mid) if fits(mid) else (mid, hi)
+    return hi
 
 
 def _decode_work_s(cost: Cost, batch: int, total_tokens: int, ctx_token_sum: float) -> float:

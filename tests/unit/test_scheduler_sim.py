@@ -7,6 +7,7 @@ so the numbers can be followed by hand. The simulator drives the real `Scheduler
 """
 
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -14,10 +15,14 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
 from partial_rollout import simulate_partial  # noqa: E402
+from scheduler_bench import POLICIES  # noqa: E402
 from scheduler_sim import (  # noqa: E402
+    GPUS,
     Cost,
     SimTraj,
+    batching_bound_s,
     full_load_path_s,
+    gpu_cost,
     lower_bound_s,
     make_workload,
     simulate,
@@ -134,6 +139,37 @@ def test_the_full_load_path_runs_every_step_at_the_work_bounds_batch_and_kv():
     # alone (batch 1, its own context only) the same trajectory is faster: the critical path
     _, path = lower_bound_s(work, 1, 1000, 8192, cost, max_num_seqs=4)
     assert path == pytest.approx(0.1 + 50 * (0.01 + 0.001) + 1e-5 * 6225)
+
+
+def test_the_batching_bound_is_reached_by_identical_trajectories_sharing_one_engine():
+    """Four 100-token trajectories on one engine, 10 ms a step + 1 ms per request in it. Alone,
+    one takes 1.1 s (the critical path); all four need 0.4 s of per-request work besides at
+    least 100 steps of 10 ms, so no schedule beats 1.4 s, and batching all four does 1.4 s. The
+    work bound (steps of 256) and the critical path both say less."""
+    cost = Cost(a_s=0.01, b_s=0.001, c_s=0.0, p_s=0.0)
+    work = [SimTraj(100, [100], [], []) for _ in range(4)]
+    bound = batching_bound_s(work, 1, 10_000, 8192, cost)
+    assert bound == pytest.approx(1.4, rel=1e-5)
+    assert max(lower_bound_s(work, 1, 10_000, 8192, cost)) == pytest.approx(1.1)
+    assert simulate(work, config(), 1, 10_000, 8192, cost).makespan_s == pytest.approx(1.4)
+    assert (
+        batching_bound_s(work, 1, 10_000, 8192, replace(cost, acceptance=0.5, max_draft=2)) is None
+    )
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_no_simulated_schedule_finishes_before_the_batching_bound(seed):
+    """H100 costs, 8 prompts x 8 heavy-tailed multi-turn samples, 2 or 4 engines, every policy
+    the benchmark compares: each makespan stays at or above the bound, which stays at or above
+    the critical path."""
+    cost, work = gpu_cost(GPUS["h100"]), make_workload(8, 8, 2048, seed)
+    for engines in (2, 4):
+        bound = batching_bound_s(work, engines, 20_000, 2048, cost, max_num_seqs=32)
+        assert bound >= lower_bound_s(work, engines, 20_000, 2048, cost, 32)[1]
+        for policy in ("kv-incremental", "kv-predicted", "static", "least-requests"):
+            cfg = SchedulerConfig(**POLICIES[policy], max_active_per_engine=32)
+            run = simulate(work, cfg, engines, 20_000, 2048, cost, max_num_seqs=32)
+            assert run.makespan_s >= bound, (engines, policy, run.makespan_s, bound)
 
 
 # speculative decoding: 10 ms a step, 1 ms per token verified, each draft token accepted half the
