@@ -61,6 +61,13 @@
     256 reading ~590K context tokens, 50 ms a step, 3.6-3.8x). A schedule near the work bound
     keeps its engines that full, and then its slowest trajectories alone miss a 1.15x target;
     finishing them sooner means running their engines lighter, which the work bound does not pay.
+    The batching bound (`batching_bound_s`, printed per seed, a true lower bound) charges that
+    price: each trajectory can share its steps only as far as it still finishes by T, and the
+    fixed cost of the steps it cannot share comes out of the engines' capacity. On the MI300X it
+    is 135.6 / 130.8 / 131.6 s on seeds 0-2, 1.198 / 1.213 / 1.200x the work bound: no schedule
+    meets target 1 (1.15x) there, and kv-incremental is 1.26-1.29x this bound. On the H100 it
+    adds nothing (the KV, not the fixed step cost, sets the work bound) and target 1 is not ruled
+    out.
     What does lighten the tail is speculative decoding at low batches (`--sim-spec`, what `rstar2
     rollout --speculative ngram:4` runs): a step at a batch up to 32 reads the weights and the
     contexts once for several tokens of each request. kv-incremental, means over seeds 0-2,

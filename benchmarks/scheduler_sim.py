@@ -33,8 +33,9 @@ runs 8 instead of 32 moved makespans by about 1%). Tools run on an unbounded san
 
 Bounds (`lower_bound_s`): the work bound (total work / total capacity) and the critical path (the
 slowest trajectory alone on an engine: its prompt and tool answers prefilled, every token decoded
-at batch 1, every tool call waited in full). `step_floor_s` estimates the tail no online policy
-removes: see its docstring. `full_load_path_s` (not a bound either) is the slowest trajectory's
+at batch 1, every tool call waited in full); the batching bound (`batching_bound_s`) makes the two
+pay for each other (a trajectory can share its steps only as far as it still finishes in time).
+`step_floor_s` estimates the tail no online policy removes: see its docstring. `full_load_path_s` (not a bound either) is the slowest trajectory's
 time on an engine held at the work bound's load, where the two bounds pull apart. Each run also
 reports its start-limited bound (had every trajectory run alone from when this run started it) and
 what moves cost: a trajectory whose request lands on another engine than its last one prefills its

@@ -6,6 +6,8 @@ The cost model here is a round 10 ms per decode step and 1 ms per prefilled toke
 so the numbers can be followed by hand. The simulator drives the real `Scheduler`.
 """
 
+import json
+import subprocess
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -217,3 +219,21 @@ def test_the_work_bound_drafts_at_a_smaller_batch_when_that_is_cheaper_per_token
     # at acceptance 0.5 (1.94 tokens a step, 2.58 ms a token) the full batch stays cheaper
     half = Cost(0.01, 0.0, 0.0, 0.0, acceptance=0.5, max_draft=4, spec_max_batch=2)
     assert lower_bound_s(work, 1, 10_000, 8192, half, max_num_seqs=4)[0] == pytest.approx(0.5)
+
+
+def test_part_b_writes_each_runs_batching_bound_and_says_whether_target_1_can_be_met(tmp_path):
+    """The benchmark at 1/32 scale: every row's JSON carries the batching bound, no row beats
+    it, and the targets section says what it means for target 1."""
+    out = tmp_path / "b.json"
+    bench = Path(__file__).resolve().parents[2] / "benchmarks" / "scheduler_bench.py"
+    small = "--sim-engines 2 --sim-prompts 8 --sim-samples 4 --sim-max-response 1024"
+    done = subprocess.run(
+        [sys.executable, str(bench), "--part", "b", *small.split(), "--sim-seeds", "0,1",
+         "--policies", "kv-incremental,least-requests", "--sim-partial", "0", "--json", str(out)],
+        capture_output=True, text=True, timeout=120, check=True,
+    )  # fmt: skip
+    runs = json.loads(out.read_text())["runs"]
+    assert len(runs) == 4
+    for run in runs:
+        assert run["critical_path_s"] <= run["batching_bound_s"] <= run["makespan_s"]
+    assert "target 1 against the batching bound: per seed, no schedule goes below" in done.stdout
