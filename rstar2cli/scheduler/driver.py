@@ -277,6 +277,8 @@ class _Run:
                 for d in self.sched.schedule():
                     assert isinstance(d.key, int)  # this run's keys are item indices
                     self._spawn(self._generate(d.key, d.engine, d.max_tokens))
+                if self.events.empty() and all(task.done() for task in self.tasks):
+                    raise RuntimeError(self._stalled())
             kind, key, payload = await self.events.get()
             if kind == "fatal":
                 raise payload
@@ -284,6 +286,16 @@ class _Run:
                 self._on_generated(key, payload)
             else:
                 self._on_tool(key, payload)
+
+    def _stalled(self) -> str:
+        """What to say when nothing is in flight and the scheduler starts nothing: every event
+        comes from a task, so the loop would otherwise wait forever."""
+        left = [s for s in self.sched.slots.values() if s.status is not Status.DONE]
+        return (
+            f"the scheduler placed none of the {len(left)} unfinished trajectories and nothing is "
+            f"in flight (policy {self.sched.config.policy}, kv_mode {self.sched.config.kv_mode}); "
+            "stopping instead of waiting forever"
+        )
 
     def _spawn(self, coro: Any) -> None:
         task = asyncio.create_task(coro)

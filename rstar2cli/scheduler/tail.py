@@ -7,7 +7,7 @@ than alone. `TailEngines` keeps a small set of engines for trajectories predicte
 reaches a tool-call boundary on another engine, it moves to the tail engine with the least KV in
 use, if that engine's KV in use stays under `kv_fraction` of its capacity with it (a low batch).
 When none has room, the least used engine that is not one yet becomes one, up to `MAX_SHARE` of
-the engines. A tail engine takes no new trajectories (other than ones predicted long) and no
+the engines and never the last one (a single engine never becomes a tail engine). A tail engine takes no new trajectories (other than ones predicted long) and no
 short ones moving in, so its batch shrinks to its long ones as the others finish.
 
 What it does not do: move anything (the scheduler does, re-prefilling the context on the new
@@ -35,7 +35,11 @@ class TailEngines:
         self.capacity_tokens = capacity_tokens
         self.kv_fraction = kv_fraction
         self.engines: set[int] = set()
-        self.max_engines = max(1, int(MAX_SHARE * len(capacity_tokens)))
+        # NOTE: one engine always stays open to everything: a tail engine takes no trajectory
+        # that is not predicted long, so with every engine a tail one the rest could never start
+        self.max_engines = min(
+            max(1, int(MAX_SHARE * len(capacity_tokens))), len(capacity_tokens) - 1
+        )
 
     @staticmethod
     def is_long(predicted_tokens: float | None, budget_tokens: int) -> bool:

@@ -223,3 +223,25 @@ def test_rollout_driver_with_two_scripted_engines(tok, policy):
     assert stats.makespan_s > 0 and 0.0 <= stats.idle_fraction <= 1.0 and stats.kv_samples
     if policy == "kv":
         assert max(stats.max_ledger_used_tokens) <= 2 * (prompt_len + 300)
+
+
+def test_the_driver_stops_with_an_error_when_its_scheduler_starts_nothing(tok, monkeypatch):
+    """Every event comes from a request or tool call in flight: with none and a scheduler that
+    places nothing, the loop would wait forever. It raises instead, saying how many were left."""
+    from rstar2cli.scheduler.scheduler import Scheduler
+
+    monkeypatch.setattr(Scheduler, "schedule", lambda self: [])
+    items = [{"id": "q", "sample": s, "question": "Q", "answer": "1"} for s in range(2)]
+    engine = ScriptedEngine(tok, {}, capacity_tokens=4096)
+
+    async def go():
+        async with LocalSandbox(num_workers=1, timeout_s=5.0) as sandbox:
+            run = run_rollout(
+                [engine], items, tok, AgentConfig(max_response_tokens=64), SchedulerConfig(),
+                ToolBatcher(sandbox), lambda rec: None,
+            )  # fmt: skip
+            return await asyncio.wait_for(run, timeout=30)
+
+    with pytest.raises(RuntimeError, match="placed none of the 2 unfinished trajectories"):
+        asyncio.run(go())
+    assert engine.requests == []

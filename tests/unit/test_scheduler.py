@@ -471,6 +471,23 @@ def test_a_trajectory_predicted_long_stays_at_a_step_boundary():
     assert s.num_tail_moves == 0 and not s.tail.engines
 
 
+def test_a_single_engine_never_becomes_a_tail_engine():
+    """A tail engine takes nothing that is not predicted long: were the only engine one, a new
+    trajectory could never start (the rollout would wait forever)."""
+    s = make([2000], kv_mode="incremental", step_tokens=100, tail_kv_fraction=0.5)
+    for i in range(3):
+        s.add(("g", i), 100, 400, group="g")
+    assert len(s.schedule()) == 3
+    s.on_generated(("g", 0), 480, Status.DONE)
+    s.on_generated(("g", 1), 480, Status.DONE)
+    s.on_generated(("g", 2), 150, Status.TOOL)
+    s.on_tool_done(("g", 2), 170)  # predicted long, at a tool call: with two engines it moves
+    assert keys_engines(s.schedule()) == [(("g", 2), 0)]
+    assert not s.tail.engines and s.num_tail_moves == 0
+    s.add("new", 100, 400)
+    assert keys_engines(s.schedule()) == [("new", 0)]
+
+
 @pytest.mark.parametrize("tail_kv_fraction", [None, 1.0])
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_predicted_admission_and_tail_engines_never_over_commit_and_finish(seed, tail_kv_fraction):
