@@ -232,10 +232,9 @@ def _print_rows(records: list[dict], results: dict) -> None:
     print_table(header, table)
     print(
         "best bd: max(work bd, crit path, batching bd); start bd: had each trajectory run alone "
-        "from when it started; move work: re-prefill on "
-        "the engine a trajectory moved to, as a share of all engine work; rho: Spearman of the "
-        "predicted and true response lengths of each prompt's samples still unfinished when its "
-        "first sample finished"
+        "from when it started; move work: re-prefill on the engine a trajectory moved to, as a "
+        "share of all engine work; rho: Spearman of the predicted and true response lengths of "
+        "each prompt's samples still unfinished when its first sample finished"
     )
     print(
         "\nwhere the time goes: when 50/90/99% of trajectories were done; the share of the makespan"

@@ -7,8 +7,9 @@ than alone. `TailEngines` keeps a small set of engines for trajectories predicte
 reaches a tool-call boundary on another engine, it moves to the tail engine with the least KV in
 use, if that engine's KV in use stays under `kv_fraction` of its capacity with it (a low batch).
 When none has room, the least used engine that is not one yet becomes one, up to `MAX_SHARE` of
-the engines and never the last one (a single engine never becomes a tail engine). A tail engine takes no new trajectories (other than ones predicted long) and no
-short ones moving in, so its batch shrinks to its long ones as the others finish.
+the engines and never the last one (a single engine never becomes a tail engine). A tail engine
+takes no new trajectories (other than ones predicted long) and no short ones moving in, so its
+batch shrinks to its long ones as the others finish.
 
 What it does not do: move anything (the scheduler does, re-prefilling the context on the new
 engine, where the engine's prefix cache keeps what it can), or take engines back. Measured in
