@@ -32,19 +32,19 @@ finishes, KV runs out, or `MAX_MACRO_STEPS` pass (arrivals wait at most that lon
 runs 8 instead of 32 moved makespans by about 1%). Tools run on an unbounded sandbox with sampled latencies.
 
 Bounds (`lower_bound_s`): the work bound (total work / total capacity) and the critical path (the
-slowest trajectory alone on an engine: its prompt and tool answers prefilled, every token decoded
-at batch 1, every tool call waited in full); the batching bound (`batching_bound_s`) makes the two
-pay for each other (a trajectory can share its steps only as far as it still finishes in time).
-`step_floor_s` estimates the tail no online policy removes: see its docstring. `full_load_path_s` (not a bound either) is the slowest trajectory's
-time on an engine held at the work bound's load, where the two bounds pull apart. Each run also
-reports its start-limited bound (had every trajectory run alone from when this run started it) and
-what moves cost: a trajectory whose request lands on another engine than its last one prefills its
-context there again (the move's cost, counted in `num_moved_tokens` and as a share of all engine
-work; re-prefills after an eviction or a preemption are not moves). `stop_after_groups` cuts a run
-once that many prompt groups are whole and returns the unfinished as the next step's trajectories
-(partial rollout, benchmarks/partial_rollout.py). The scheduler's sibling length predictions are
-scored as they stand when each group's first sample finishes (Spearman against the true lengths of
-the rest).
+slowest trajectory alone on an engine: its prompt and tool answers prefilled, every token decoded at
+batch 1, every tool call waited in full); the batching bound (`batching_bound_s`) makes the two pay
+for each other (a trajectory can share its steps only as far as it still finishes in time).
+`step_floor_s` estimates the tail no online policy removes: see its docstring. `full_load_path_s`
+(not a bound either) is the slowest trajectory's time on an engine held at the work bound's load,
+where the two bounds pull apart. Each run also reports its start-limited bound (had every trajectory
+run alone from when this run started it) and what moves cost: a trajectory whose request lands on
+another engine than its last one prefills its context there again (the move's cost, counted in
+`num_moved_tokens` and as a share of all engine work; re-prefills after an eviction or a preemption
+are not moves). `stop_after_groups` cuts a run once that many prompt groups are whole and returns
+the unfinished as the next step's trajectories (partial rollout, benchmarks/partial_rollout.py). The
+scheduler's sibling length predictions are scored as they stand when each group's first sample
+finishes (Spearman against the true lengths of the rest).
 What it does not model: chunked prefill interleaving, network, stragglers among engines,
 compute/memory overlap (a step's terms add; a roofline would take their max), KV transfer
 between engines (a move re-prefills, as the engine path does), prefix sharing between siblings
