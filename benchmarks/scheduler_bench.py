@@ -21,8 +21,9 @@
     max(work bound, critical path: the slowest trajectory alone on an engine, tool waits
     included), the step floor, and its own start-limited bound (had every trajectory run alone
     from when it started); then what moves cost, the Spearman correlation of the predicted and
-    true lengths, where the time goes (when 50/90/99% were done, busy fraction and batch per
-    tenth of the run, the last trajectory), and the issue's targets, each printed met or NOT met.
+    true lengths, where the time goes (when 50/90/99% were done, busy fraction, batch and KV
+    held per tenth of the run, the last trajectory), and the issue's targets, each printed met
+    or NOT met.
     Rows (`POLICIES`; `--policies` picks some): kv-full (the paper's reservation), kv-per_turn,
     kv-incremental (the default), kv-predicted (incremental, new trajectories started longest
     predicted first, from their prompt's siblings), kv-tail (kv-predicted, plus trajectories
@@ -44,8 +45,12 @@
     better. On an MI300X a 14B model's KV (~730K tokens per engine) never fills: everything
     starts at once and the long trajectories share their engines with ~250 others for their first
     thousand tokens. On an H100 (~186K) the KV fills, least-requests preempts and recomputes, and
-    kv-incremental admits in real time; the last trajectory to finish starts ~170 s in. Knowing
-    lengths does not remove either tail: starting the longest predicted first (kv-predicted, or
+    kv-incremental admits in real time; the last trajectory to finish starts ~170 s in. The KV
+    column per tenth shows where the time goes (seed 0): kv-incremental holds 0.87-0.89 of the
+    KV from the third to the fifth tenth (least-requests, preempting, 0.97-1.00), then 0.68,
+    0.41, 0.16 and 0.05 in the last four, while the trajectories started last run out alone:
+    the drain, not the steady state, is where it falls behind the work bound. Knowing lengths
+    does not remove either tail: starting the longest predicted first (kv-predicted, or
     `--sim-order hard-first` and `easy-last`, which replay the groups ordered in hindsight)
     crowds the KV with long contexts early and every batch shrinks; gathering the long ones on
     tail engines (kv-tail) slows them (their contexts dominate a step) and takes engines from the

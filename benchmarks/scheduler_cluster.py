@@ -239,10 +239,11 @@ def _print_rows(records: list[dict], results: dict) -> None:
     print(
         "\nwhere the time goes: when 50/90/99% of trajectories were done; the share of the makespan"
         "\nafter 90%; the last trajectory to finish: when it started and its own batch-1 time;"
-        "\nper tenth of the makespan: busy fraction of engine time, and mean batch while busy"
+        "\nper tenth of the makespan: busy fraction of engine time, mean batch while busy, and KV"
+        "\nheld by running requests as a share of all engines' KV (the work bound assumes 1.00)"
     )
     header = ["policy", "t50/t90/t99 s", "after t90", "last: start/own s", "busy by tenth"]
-    header.append("batch by tenth")
+    header += ["batch by tenth", "KV by tenth"]
     table = [
         [
             name,
@@ -251,6 +252,7 @@ def _print_rows(records: list[dict], results: dict) -> None:
             f"{r.last_start_s:.0f}/{r.last_own_s:.0f}",
             " ".join(f"{x:.2f}" for x in r.busy_by_tenth),
             " ".join(f"{x:.0f}" for x in r.batch_by_tenth),
+            " ".join(f"{x:.2f}" for x in r.kv_by_tenth),
         ]
         for name, r in results.items()
     ]

@@ -278,7 +278,8 @@ class SimEngine:
     busy_s: float = 0.0
     kv_token_s: float = 0.0  # integral of KV in use over time
     max_kv_used: int = 0
-    steps: list = field(default_factory=list)  # (start s, duration s, batch) per macro step
+    # (start s, duration s, batch, mean KV tokens held) per macro step
+    steps: list = field(default_factory=list)
 
     def kv_used(self) -> int:
         return sum(r.ctx for r in self.running)
@@ -318,6 +319,8 @@ class SimResult:
     finish_s: list[float]  # when each trajectory finished, sorted
     busy_by_tenth: list[float]  # fraction of engine time busy in each tenth of the makespan
     batch_by_tenth: list[float]  # mean requests per busy engine step, per tenth of the makespan
+    # KV held by running requests, as a fraction of all engines' KV, per tenth of the makespan
+    kv_by_tenth: list[float]
     last_start_s: float  # when the trajectory that finished last was first dispatched
     last_own_s: float  # that trajectory's own minimal time (`own_min_s`)
     # the makespan had every trajectory run alone from the moment it started: max over
@@ -478,9 +481,10 @@ class _Run:
             r.prefill = 0
         eng.stepping = True
         eng.busy_s += dt
-        eng.kv_token_s += dt * (used + batch * k / 2)
+        kv_mean = used + batch * k / 2  # the context held over the step, on average
+        eng.kv_token_s += dt * kv_mean
         eng.max_kv_used = max(eng.max_kv_used, used + batch * k)
-        eng.steps.append((self.now, dt, batch))
+        eng.steps.append((self.now, dt, batch, kv_mean))
         self.push(self.now + dt, "step", (eng.index, k))
 
     def admit(self, eng: SimEngine) -> None:
@@ -600,7 +604,7 @@ class _Run:
         response = {k: self.ctx[k] - self.trajs[k].prompt_tokens for k in self.predicted}
         keys = list(self.predicted)
         spearman = spearman_rank([self.predicted[k] for k in keys], [response[k] for k in keys])
-        busy, batch = _profile(engines, makespan)
+        busy, batch, kv = _profile(engines, makespan)
         start_bound = max(
             self.start_s[k] + own_min_s(self.workload[k], self.budget[k], cost)
             for k in self.start_s
@@ -621,6 +625,7 @@ class _Run:
             finish_s=sorted(self.finish_s.values()),
             busy_by_tenth=busy,
             batch_by_tenth=batch,
+            kv_by_tenth=[x / self.capacity_tokens for x in kv],
             last_start_s=self.start_s[last],
             last_own_s=own_min_s(self.workload[last], self.budget[last], cost),
             start_bound_s=start_bound,
@@ -713,12 +718,12 @@ def _ranks(xs: list[float]) -> list[float]:
 
 
 def _profile(engines: list[SimEngine], makespan_s: float, num_bins: int = 10):
-    """Per tenth of the makespan: the fraction of engine time that was busy, and the mean batch
-    (requests per step) of the busy time."""
+    """Per tenth of the makespan: the fraction of engine time that was busy, the mean batch
+    (requests per step) of the busy time, and the mean KV tokens held per engine (idle: none)."""
     width = makespan_s / num_bins
-    busy, batch_s = [0.0] * num_bins, [0.0] * num_bins
+    busy, batch_s, kv_s = [0.0] * num_bins, [0.0] * num_bins, [0.0] * num_bins
     for e in engines:
-        for t0, dt, b in e.steps:
+        for t0, dt, b, kv in e.steps:
             t = t0
             while t < t0 + dt:  # split a step over the bins it spans
                 i = min(int(t / width), num_bins - 1)
@@ -727,10 +732,12 @@ def _profile(engines: list[SimEngine], makespan_s: float, num_bins: int = 10):
                     break
                 busy[i] += part
                 batch_s[i] += part * b
+                kv_s[i] += part * kv
                 t += part
     frac = [x / (width * len(engines)) for x in busy]
     mean_batch = [y / x if x > 0 else 0.0 for x, y in zip(busy, batch_s, strict=True)]
-    return frac, mean_batch
+    mean_kv = [y / (width * len(engines)) for y in kv_s]
+    return frac, mean_batch, mean_kv
 
 
 def _turns(t: SimTraj, max_response: int) -> list[tuple[int, int, float, int]]:

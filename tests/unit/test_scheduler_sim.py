@@ -159,6 +159,25 @@ def test_the_batching_bound_is_reached_by_identical_trajectories_sharing_one_eng
     )
 
 
+def test_kv_by_tenth_follows_the_contexts_held_and_averages_to_the_mean_kv_use():
+    """One engine of 1000 tokens, 10 ms a step. A (100-token prompt, 300 tokens) and B (100,
+    30) start together: B leaves after its 30 tokens, then A's context alone grows from 230 to
+    400 tokens. Per tenth, the KV held is the running contexts; the tenths average to the run's
+    mean KV use; none exceeds the peak."""
+    cost = Cost(a_s=0.01, b_s=0.0, c_s=0.0, p_s=0.0)
+    work = [SimTraj(100, [300], [], []), SimTraj(100, [30], [], [])]
+    run = simulate(work, config(), 1, 1000, 400, cost)
+    assert run.makespan_s == pytest.approx(3.0)
+    kv = run.kv_by_tenth
+    assert len(kv) == 10 and sum(kv) / 10 == pytest.approx(run.mean_kv_use)
+    assert max(kv) <= run.peak_kv_use
+    # the first tenth (0.3 s, 30 steps) holds both: contexts 100 + 100 growing by 2 a step
+    assert kv[0] == pytest.approx((200 + 2 * 15) / 1000, abs=0.005)
+    # from then on A alone, one token a step: its context at the middle of the last tenth
+    assert kv[-1] == pytest.approx((100 + 285) / 1000, abs=0.005)
+    assert kv[1:] == sorted(kv[1:])
+
+
 @pytest.mark.parametrize("seed", [0, 1])
 def test_no_simulated_schedule_finishes_before_the_batching_bound(seed):
     """H100 costs, 8 prompts x 8 heavy-tailed multi-turn samples, 2 or 4 engines, every policy
