@@ -18,8 +18,8 @@ from __future__ import annotations
 import os
 import re
 import select
-import shutil
 import signal
+import stat
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -168,31 +168,122 @@ def run_job(
 
 
 def _make_scratch(slot: SlotInfo) -> None:
-    os.makedirs(slot.scratch, mode=0o700, exist_ok=True)
+    """Create the job's scratch dir afresh. Nothing the last job left at that path is followed:
+    a symlink there (to /var/tmp, say) would otherwise have the runner, as root, chown its
+    target to the job's uid."""
+    try:
+        st = os.lstat(slot.scratch)
+    except FileNotFoundError:
+        st = None
+    if st is not None and not stat.S_ISDIR(st.st_mode):
+        os.unlink(slot.scratch)
+    if st is None or not stat.S_ISDIR(st.st_mode):
+        os.mkdir(slot.scratch, 0o700)
     if slot.mode.startswith("root"):
-        os.chown(slot.scratch, slot.uid, slot.uid)
+        os.chown(slot.scratch, slot.uid, slot.uid, follow_symlinks=False)
 
 
 def wipe(slot: SlotInfo) -> None:
     """Remove everything the job wrote: the whole private tmpfs, or else its scratch dir."""
     if not slot.private_tmp:
-        shutil.rmtree(slot.scratch, ignore_errors=True)
+        _remove(slot.scratch)
         return
+    keep = set(slot.protected)
     for top in isolation.TMPFS_DIRS:
-        try:
-            entries = list(os.scandir(top))
-        except OSError:
-            continue
-        for entry in entries:
-            if entry.path in slot.protected:
+        clear_dir(top, keep)
+
+
+def _remove(path: str) -> None:
+    """Remove `path`: a directory with all it holds, or a file or symlink (never followed)."""
+    try:
+        is_dir = stat.S_ISDIR(os.lstat(path).st_mode)
+        if is_dir:
+            clear_dir(path, set())
+            os.rmdir(path)
+        else:
+            os.unlink(path)
+    except OSError:
+        pass
+
+
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def clear_dir(top: str, keep: set[str]) -> None:
+    """Empty the directory `top`, leaving the paths in `keep` (and what cannot be removed).
+
+    A job may leave anything behind, so this walks without recursion (directories nested
+    thousands deep overflow a recursive walk, and its path strings pass PATH_MAX), holds one
+    directory fd at a time (climbing back by "..", so depth costs no fds), never follows a
+    symlink, and never enters another mount (a bind mount of the interpreter, say).
+    Directories a job made unreadable are opened up first. Runs once the job's processes are
+    dead, so nothing changes under it."""
+    try:
+        fd = os.open(top, _DIR_FLAGS)
+    except OSError:
+        return
+    dev = os.fstat(fd).st_dev
+    # from `top` down to the directory `fd` is: (entered name, names stuck in its parent)
+    path: list[tuple[str, set[str]]] = []
+    stuck: set[str] = set()  # entries of the current directory left in place
+    while True:
+        child = _next_subdir(fd, dev, stuck, keep, top, path)
+        if child is not None:
+            try:
+                inner = _open_dir(child, fd)
+            except OSError:
+                stuck.add(child)
                 continue
-            if entry.is_dir(follow_symlinks=False):
-                shutil.rmtree(entry.path, ignore_errors=True)
-            else:
-                try:
-                    os.unlink(entry.path)
-                except OSError:
-                    pass
+            os.close(fd)
+            fd = inner
+            path.append((child, stuck))
+            stuck = set()
+            continue
+        if not path:  # back at `top`, emptied as far as it goes
+            os.close(fd)
+            return
+        name, stuck = path.pop()
+        parent = os.open("..", _DIR_FLAGS, dir_fd=fd)
+        os.close(fd)
+        fd = parent
+        try:
+            os.rmdir(name, dir_fd=fd)
+        except OSError:
+            stuck.add(name)
+
+
+def _next_subdir(
+    fd: int, dev: int, stuck: set[str], keep: set[str], top: str, path: list
+) -> str | None:
+    """Unlink the files and symlinks of directory `fd`; return one subdirectory to enter next
+    (None: none left). Kept paths, other mounts and what fails to unlink go into `stuck`."""
+    with os.scandir(fd) as entries:
+        for entry in entries:
+            if entry.name in stuck:
+                continue
+            try:
+                st = entry.stat(follow_symlinks=False)
+                if not stat.S_ISDIR(st.st_mode):
+                    os.unlink(entry.name, dir_fd=fd)
+                    continue
+            except OSError:
+                stuck.add(entry.name)
+                continue
+            kept = len(path) < 16 and "/".join([top, *(n for n, _ in path), entry.name]) in keep
+            if st.st_dev != dev or kept:
+                stuck.add(entry.name)
+                continue
+            return entry.name
+    return None
+
+
+def _open_dir(name: str, dir_fd: int) -> int:
+    """Open subdirectory `name` of `dir_fd`, making it readable first if a job locked it."""
+    try:
+        return os.open(name, _DIR_FLAGS, dir_fd=dir_fd)
+    except PermissionError:
+        os.chmod(name, 0o700, dir_fd=dir_fd)
+        return os.open(name, _DIR_FLAGS, dir_fd=dir_fd)
 
 
 def _child_main(

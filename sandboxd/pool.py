@@ -5,6 +5,9 @@ zygote per slot, and runs one asyncio worker per slot that takes jobs from the q
 to its zygote and awaits the answer. A zygote that dies or hangs mid-job yields `sandbox_error`
 for that job only and is respawned. `submit` raises `QueueFull` instead of waiting when the queue
 bound would be exceeded (the server answers 503). Counters for /metrics live here.
+The queue is fair between submissions (`_FairQueue`): the slots take one job from each pending
+batch in turn, so a client's batch of 50,000 jobs does not hold up another's single job for
+hours. A job whose future was cancelled before it started (its client left) is dropped unrun.
 
 What it does not: no HTTP (sandboxd.server), no isolation code (sandboxd.isolation / zygote).
 
@@ -22,6 +25,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -49,6 +53,9 @@ class PoolConfig:
     max_procs: int = 64  # processes + threads per slot
     disk_mb: int = 64  # size of the slot's private tmpfs, and the largest file a job may write
     max_queue: int = 100_000
+    # stdout + stderr of all the jobs of one submission together (what the daemon holds to
+    # answer it); the jobs that finish past it come back cut, as output_limit
+    max_request_output_bytes: int = 256 * 2**20
     preload: tuple[str, ...] = DEFAULT_PRELOAD
 
 
@@ -58,6 +65,7 @@ class PoolStats:
     num_in_flight: int = 0
     num_rejected: int = 0
     num_respawns: int = 0
+    num_abandoned: int = 0  # queued jobs dropped unrun: their client left
     totals: dict[str, int] = field(default_factory=lambda: dict.fromkeys(STATUSES, 0))
     bucket_counts: list[int] = field(default_factory=lambda: [0] * (len(LATENCY_BUCKETS_S) + 1))
     latency_sum_s: float = 0.0
@@ -70,6 +78,82 @@ class PoolStats:
                 self.bucket_counts[i] += 1
                 return
         self.bucket_counts[-1] += 1
+
+
+class _OutputBudget:
+    """What is left of one submission's `max_request_output_bytes`."""
+
+    def __init__(self, num_bytes: int) -> None:
+        self.left = num_bytes
+
+    def charge(self, result: JobResult) -> JobResult:
+        """`result` as it is while it fits; past the budget, its output cut to what is left and
+        its status output_limit (unless it already failed otherwise)."""
+        out = result.stdout.encode("utf-8", "surrogatepass")
+        err = result.stderr.encode("utf-8", "surrogatepass")
+        if len(out) + len(err) <= self.left:
+            self.left -= len(out) + len(err)
+            return result
+        out, err = out[: self.left], err[: max(0, self.left - len(out))]
+        self.left = 0
+        status = "output_limit" if result.status in ("ok", "error") else result.status
+        return JobResult(
+            status=status,
+            stdout=out.decode("utf-8", "ignore"),
+            stderr=err.decode("utf-8", "ignore"),
+            exit_code=result.exit_code,
+            duration_s=result.duration_s,
+        )
+
+
+# a queued job: the job, its future, when it was queued, its submission's output budget
+_Item = tuple[Job, "asyncio.Future[JobResult]", float, _OutputBudget]
+
+
+class _FairQueue:
+    """Batches of queued jobs, served round-robin: one job from each batch in turn."""
+
+    def __init__(self) -> None:
+        self._batches: OrderedDict[int, deque[_Item]] = OrderedDict()
+        self._next_id = 0
+        self._ready = asyncio.Event()
+        self._closed = False
+
+    def put_batch(self, items: list[_Item]) -> None:
+        if items:
+            self._batches[self._next_id] = deque(items)
+            self._next_id += 1
+            self._ready.set()
+
+    def pop(self) -> _Item | None:
+        """The next job in turn (its batch goes to the back of the line), or None."""
+        if not self._batches:
+            return None
+        key, batch = next(iter(self._batches.items()))
+        item = batch.popleft()
+        if batch:
+            self._batches.move_to_end(key)
+        else:
+            del self._batches[key]
+        return item
+
+    async def get(self) -> _Item | None:
+        """Wait for the next job; None once closed."""
+        while not self._closed:
+            item = self.pop()
+            if item is not None:
+                return item
+            self._ready.clear()
+            await self._ready.wait()
+        return None
+
+    def close(self) -> list[_Item]:
+        """Wake every waiting worker with None; return the jobs still queued."""
+        self._closed = True
+        self._ready.set()
+        left = [item for batch in self._batches.values() for item in batch]
+        self._batches.clear()
+        return left
 
 
 class _Slot:
@@ -120,9 +204,7 @@ class Pool:
         self.config = config
         self.stats = PoolStats()
         self.slots = [_Slot(i) for i in range(config.num_workers)]
-        self._queue: asyncio.Queue[tuple[Job, asyncio.Future[JobResult], float] | None] = (
-            asyncio.Queue()
-        )
+        self._queue = _FairQueue()
         self._server: subprocess.Popen[bytes] | None = None
         self._server_sock: socket.socket | None = None
         self._spawn_lock = asyncio.Lock()
@@ -137,7 +219,8 @@ class Pool:
 
     def _start_forkserver(self) -> None:
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        config = {k: v for k, v in self.config.__dict__.items() if k != "max_queue"}
+        daemon_side = ("max_queue", "max_request_output_bytes")
+        config = {k: v for k, v in self.config.__dict__.items() if k not in daemon_side}
         config["preload"] = list(self.config.preload)
         env = dict(_clean_env())
         root = str(Path(__file__).resolve().parent.parent)
@@ -176,16 +259,14 @@ class Pool:
         slot.hello = await asyncio.wait_for(slot.read(), _SPAWN_TIMEOUT_S)
 
     async def close(self) -> None:
-        for _ in self._workers:
-            self._queue.put_nowait(None)
+        left = self._queue.close()
         for task in self._workers:
             task.cancel()
         await asyncio.gather(*self._workers, return_exceptions=True)
         self._workers = []
-        while not self._queue.empty():
-            item = self._queue.get_nowait()
-            if item is not None and not item[1].done():
-                item[1].set_result(sandbox_error("sandbox is shutting down"))
+        for _job, fut, _queued_at, _budget in left:
+            if not fut.done():
+                fut.set_result(sandbox_error("sandbox is shutting down"))
         for slot in self.slots:
             slot.kill()
         if self._server_sock is not None:
@@ -216,12 +297,12 @@ class Pool:
                 f"queue full ({self.stats.num_queued} queued, bound {self.config.max_queue})"
             )
         loop = asyncio.get_running_loop()
-        futures = []
+        futures: list[asyncio.Future[JobResult]] = [loop.create_future() for _ in jobs]
         now = time.monotonic()
-        for job in jobs:
-            fut: asyncio.Future[JobResult] = loop.create_future()
-            self._queue.put_nowait((job, fut, now))
-            futures.append(fut)
+        budget = _OutputBudget(self.config.max_request_output_bytes)
+        self._queue.put_batch(
+            [(job, fut, now, budget) for job, fut in zip(jobs, futures, strict=True)]
+        )
         self.stats.num_queued += len(jobs)
         return futures
 
@@ -237,16 +318,20 @@ class Pool:
             item = await self._queue.get()
             if item is None:
                 return
-            job, fut, queued_at = item
+            job, fut, queued_at, budget = item
             self.stats.num_queued -= 1
+            if fut.done():  # cancelled: its client is gone
+                self.stats.num_abandoned += 1
+                continue
             self.stats.num_in_flight += 1
             try:
                 result = await self._execute(slot, job)
             finally:
                 self.stats.num_in_flight -= 1
-            self.stats.observe(result.status, time.monotonic() - queued_at)
-            if not fut.done():
+            if not fut.done():  # else its client left while it ran
+                result = budget.charge(result)
                 fut.set_result(result)
+            self.stats.observe(result.status, time.monotonic() - queued_at)
 
     def _effective_timeout(self, job: Job) -> float:
         limit = self.config.timeout_s

@@ -50,7 +50,7 @@ class _Service:
     async def _body(self, request: web.Request) -> Any:
         try:
             return json.loads(await request.read())
-        except (ValueError, UnicodeDecodeError):
+        except (ValueError, UnicodeDecodeError, RecursionError):  # RecursionError: nested deep
             raise web.HTTPBadRequest(
                 text=_err("the request body is not valid JSON"), content_type="application/json"
             ) from None
@@ -97,9 +97,9 @@ class _Service:
         for i, fut in enumerate(futures):
             fut.add_done_callback(functools.partial(_put_indexed, finished, i))
         resp = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
-        await resp.prepare(request)
         left = len(futures)
         try:
+            await resp.prepare(request)
             while left:  # jobs that finished meanwhile share one write
                 chunk = [await finished.get()]
                 while not finished.empty():
@@ -108,8 +108,11 @@ class _Service:
                 lines = (json.dumps({"index": i, "result": _wire(f)}) + "\n" for i, f in chunk)
                 await resp.write("".join(lines).encode())
             await resp.write_eof()
-        except ConnectionResetError:  # the client left; its jobs finish and are dropped
+        except ConnectionResetError:  # the client left: its jobs not started are dropped
             pass
+        finally:
+            for fut in futures:
+                fut.cancel()  # a no-op on the finished ones
         return resp
 
     async def run_code(self, request: web.Request) -> web.Response:
@@ -195,6 +198,8 @@ def render_metrics(pool: Pool) -> str:
         f"sandboxd_rejected_total {s.num_rejected}",
         "# TYPE sandboxd_respawns_total counter",
         f"sandboxd_respawns_total {s.num_respawns}",
+        "# TYPE sandboxd_abandoned_total counter",
+        f"sandboxd_abandoned_total {s.num_abandoned}",
         "# TYPE sandboxd_jobs_total counter",
     ]
     lines += [f'sandboxd_jobs_total{{status="{k}"}} {v}' for k, v in s.totals.items()]
@@ -239,7 +244,9 @@ async def serve(
     pool = Pool(config)
     await pool.start()
     app, service = build_app(pool)
-    runner = web.AppRunner(app, access_log=None, handle_signals=False)
+    # NOTE: handler_cancellation: a client that disconnects cancels its request's handler, and
+    # with it the futures of its jobs still queued, which the pool then drops unrun
+    runner = web.AppRunner(app, access_log=None, handle_signals=False, handler_cancellation=True)
     await runner.setup()
     site = web.TCPSite(runner, host, port, backlog=1024, reuse_address=True)
     try:
@@ -289,6 +296,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--disk-mb", type=int, default=64, help="private tmpfs size per slot")
     p.add_argument("--max-queue", type=int, default=100_000)
     p.add_argument(
+        "--max-request-output-mb",
+        type=float,
+        default=256.0,
+        help="stdout + stderr of one request's jobs together; past it they come back cut",
+    )
+    p.add_argument(
         "--preload", default=None, help="comma-separated modules to import in the zygote"
     )
     p.add_argument(
@@ -310,6 +323,7 @@ def config_from_args(args: argparse.Namespace) -> PoolConfig:
         max_procs=args.max_procs,
         disk_mb=args.disk_mb,
         max_queue=args.max_queue,
+        max_request_output_bytes=int(args.max_request_output_mb * 2**20),
     )
     if args.preload is not None:
         config.preload = tuple(m for m in args.preload.split(",") if m)
@@ -323,9 +337,11 @@ def main(argv: list[str] | None = None) -> None:
         or args.timeout_s <= 0
         or args.memory_mb < 16
         or args.max_output_bytes < 1
+        or not args.max_request_output_mb > 0
     ):
         sys.exit(
-            "sandboxd: 1 <= --workers <= 256, --timeout-s > 0, --memory-mb >= 16, --max-output-bytes >= 1"
+            "sandboxd: 1 <= --workers <= 256, --timeout-s > 0, --memory-mb >= 16, "
+            "--max-output-bytes >= 1, --max-request-output-mb > 0"
         )
     if args.exit_with_parent is not None:
         # NOTE: a parent killed by SIGTERM/SIGKILL never runs its cleanup; the kernel's

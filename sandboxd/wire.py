@@ -76,7 +76,7 @@ def _optional_timeout(obj: dict[str, Any], key: str, where: str) -> float | None
     value = obj.get(key)
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:  # NaN
         raise ProtocolError(f"{where}: field {key!r} must be a positive number of seconds")
     return float(value)
 

@@ -34,6 +34,12 @@ def serve_sandbox(
     max_queue: int = typer.Option(
         100_000, "--max-queue", min=1, help="Queued jobs before answering 503."
     ),
+    max_request_output_mb: float = typer.Option(
+        256.0,
+        "--max-request-output-mb",
+        min=0.001,
+        help="stdout+stderr of one request's jobs together; jobs past it come back cut.",
+    ),
     preload: str = typer.Option(
         "", "--preload", help="Comma-separated modules each zygote imports (default: math stack)."
     ),
@@ -53,6 +59,7 @@ def serve_sandbox(
         max_procs=max_procs,
         disk_mb=disk_mb,
         max_queue=max_queue,
+        max_request_output_bytes=int(max_request_output_mb * 2**20),
     )
     if preload:
         config.preload = tuple(name.strip() for name in preload.split(",") if name.strip())

@@ -365,3 +365,35 @@ def test_leftover_detector_sees_a_running_job(hostile):
         time.sleep(0.05)
     worker.join(30)
     assert seen
+
+
+@pytest.mark.parametrize("prefix", ["", HEAVY], ids=["light", "heavy"])
+def test_a_poisoned_tmpfs_is_wiped_and_its_symlink_never_followed(hostile, prefix):
+    """A job swaps its scratch dir for a symlink to /var/tmp and leaves a directory tree 3000
+    deep behind it (deeper than a recursive wipe can go). Before the fix the wipe stopped at the
+    deep tree, every later job on that slot came back as a sandbox error, and the root runner
+    chowned the symlink's target to the job's uid. Both slots get the attack; the next jobs
+    must run, see an empty tmpfs and /var/tmp owned as before."""
+    look = (
+        "import os, time\ntime.sleep(0.5)\n"
+        "print(os.stat('/var/tmp').st_uid, sorted(set(os.listdir('/tmp')) - {'job'}))\n"
+    )
+    attack = prefix + (
+        "import os, time\n"
+        "os.chdir('/tmp')\n"
+        "os.rename('/tmp/job', '/tmp/old_job')\n"
+        "os.symlink('/var/tmp', '/tmp/job')\n"
+        "os.mkdir('deep')\n"
+        "os.chdir('deep')\n"
+        "for _ in range(3000):\n"
+        "    os.mkdir('d')\n"
+        "    os.chdir('d')\n"
+        "time.sleep(0.5)\n"
+        "print('planted')\n"
+    )
+    before = run_jobs(hostile.url, [{"code": look}, {"code": look}])
+    planted = run_jobs(hostile.url, [{"code": attack}, {"code": attack}])
+    assert [r["stdout"] for r in planted] == ["planted\n", "planted\n"], planted
+    after = run_jobs(hostile.url, [{"code": prefix + look}, {"code": prefix + look}])
+    assert [r["status"] for r in after] == ["ok", "ok"], after
+    assert {r["stdout"] for r in after} == {before[0]["stdout"]}, (before, after)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import socket
 import threading
 import time
 import urllib.request
@@ -141,6 +142,8 @@ def test_random_state_differs_between_jobs(daemon):
         ({"jobs": [{"stdin": ""}]}, "missing field 'code'"),
         ({"jobs": [{"code": 3}]}, "'code' must be a string"),
         ({"jobs": [{"code": "1", "timeout_s": -1}]}, "positive number"),
+        ({"jobs": [{"code": "1", "timeout_s": float("nan")}]}, "positive number"),
+        (b"[" * 200_000 + b"]" * 200_000, "not valid JSON"),
         ([1, 2], "must be a JSON object"),
     ],
 )
@@ -241,3 +244,85 @@ def test_stream_answers_each_job_as_it_finishes(daemon):
 def test_stream_malformed_request_gets_400(daemon):
     status, answer = post_json(daemon.url + "/v1/stream", {"jobs": "x"})
     assert status == 400 and "'jobs' must be a list" in answer["error"]
+
+
+def _metric(url: str, name: str) -> float:
+    with urllib.request.urlopen(url + "/metrics") as resp:
+        text = resp.read().decode()
+    return float(next(ln for ln in text.splitlines() if ln.startswith(name + " ")).split()[1])
+
+
+def _wait_for(check, bound_s: float = 30.0) -> None:
+    deadline = time.monotonic() + bound_s
+    while not check() and time.monotonic() < deadline:
+        time.sleep(0.02)
+
+
+def test_a_single_job_waits_for_no_other_clients_whole_batch(daemon):
+    """The queue serves submissions in turn: while one client's ten jobs queue on the two
+    slots, another client's single job starts next, not after all ten."""
+    stamp = "import time\nprint(time.time())\ntime.sleep(0.4)\n"
+    answers: list = []
+    big = threading.Thread(
+        target=lambda: answers.append(
+            post_json(daemon.url + "/v1/batch", {"jobs": [{"code": stamp}] * 10})
+        )
+    )
+    big.start()
+    _wait_for(lambda: _metric(daemon.url, "sandboxd_queue_depth") >= 6)
+    small = run_jobs(daemon.url, [{"code": stamp}])[0]
+    big.join(60)
+    status, body = answers[0]
+    assert status == 200 and small["status"] == "ok"
+    starts = [float(r["stdout"]) for r in body["results"]]
+    assert sum(s > float(small["stdout"]) for s in starts) >= 5, (small, starts)
+
+
+def test_the_queued_jobs_of_a_client_that_left_are_dropped_unrun(daemon):
+    """A client sends eight 1 s jobs and hangs up without reading: the two slots finish what
+    they started, the rest never run (counted in sandboxd_abandoned_total)."""
+    before = _metric(daemon.url, "sandboxd_abandoned_total")
+    ran_before = _metric(daemon.url, "sandboxd_job_latency_seconds_count")
+    body = json.dumps({"jobs": [{"code": "import time\ntime.sleep(1.0)"}] * 8}).encode()
+    host, port = daemon.url.rsplit("/", 1)[1].split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as conn:
+        conn.sendall(
+            b"POST /v1/batch HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            + f"Content-Length: {len(body)}\r\n\r\n".encode()
+            + body
+        )
+        _wait_for(lambda: _metric(daemon.url, "sandboxd_queue_depth") > 0)
+    _wait_for(
+        lambda: (
+            _metric(daemon.url, "sandboxd_queue_depth") == 0
+            and _metric(daemon.url, "sandboxd_in_flight") == 0
+        )
+    )
+    dropped = _metric(daemon.url, "sandboxd_abandoned_total") - before
+    ran = _metric(daemon.url, "sandboxd_job_latency_seconds_count") - ran_before
+    assert dropped >= 4 and dropped + ran == 8, (dropped, ran)
+    assert run_jobs(daemon.url, [{"code": "print(2)"}])[0]["stdout"] == "2\n"
+
+
+def test_one_requests_output_together_is_capped():
+    """Twenty jobs each printing 90,000 characters under a 1 MB cap for the request: the jobs
+    that finish within it come back whole, the rest cut (output_limit), and all the output
+    together stays within the cap, however many jobs ask."""
+    handle = spawn_daemon(
+        workers=2,
+        timeout_s=5.0,
+        max_output_bytes=100_000,
+        extra_args=("--max-request-output-mb", "1"),
+    )
+    try:
+        results = run_jobs(handle.url, [{"code": "print('x' * 90_000)"}] * 20)
+        second = run_jobs(handle.url, [{"code": "print('x' * 90_000)"}] * 2)
+    finally:
+        handle.stop()
+    whole = [r for r in results if r["status"] == "ok"]
+    cut = [r for r in results if r["status"] == "output_limit"]
+    assert len(whole) == 2**20 // 90_001 and len(whole) + len(cut) == 20
+    assert all(r["stdout"] == "x" * 90_000 + "\n" for r in whole)
+    assert sum(len(r["stdout"]) + len(r["stderr"]) for r in results) == 2**20
+    # the cap is per request: the next one starts afresh
+    assert [r["status"] for r in second] == ["ok", "ok"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import struct
 
 import pytest
@@ -80,3 +81,43 @@ def test_code_judge_mapping_compares_stripped_output():
     assert wire["success"] and wire["run_success"] and wire["reason"] == ""
     timeout = sbwire.result_to_code_judge(JobResult("timeout", "", "", None, 2.0), meta)
     assert timeout["reason"] == "worker_timeout" and not timeout["run_success"]
+
+
+def test_clear_dir_empties_deep_trees_without_following_symlinks(tmp_path):
+    """What a job may leave in its tmpfs: 3000 nested directories (a recursive walk overflows,
+    and the path passes PATH_MAX), a symlink to a directory outside, a locked directory, and a
+    kept entry. All but the kept one go; the symlink's target is untouched."""
+    from sandboxd.job import clear_dir
+
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "precious").write_text("x")
+    top = tmp_path / "tmp"
+    top.mkdir()
+    fd = os.open(top, os.O_RDONLY)
+    try:
+        os.mkdir("deep", dir_fd=fd)
+        inner = os.open("deep", os.O_RDONLY, dir_fd=fd)
+        for _ in range(3000):
+            os.mkdir("d", dir_fd=inner)
+            nxt = os.open("d", os.O_RDONLY, dir_fd=inner)
+            os.close(inner)
+            inner = nxt
+        with open(os.open("leaf.txt", os.O_WRONLY | os.O_CREAT, dir_fd=inner), "w") as f:
+            f.write("leaf")
+        os.close(inner)
+    finally:
+        os.close(fd)
+    (top / "job").symlink_to(outside)
+    (top / "locked" / "sub").mkdir(parents=True)
+    (top / "locked" / "sub" / "f").write_text("y")
+    os.chmod(top / "locked", 0)
+    (top / "kept").mkdir()
+    (top / "kept" / "venv.txt").write_text("z")
+    (top / "file.txt").write_text("w")
+
+    clear_dir(str(top), {str(top / "kept")})
+
+    assert sorted(os.listdir(top)) == ["kept"]
+    assert (top / "kept" / "venv.txt").read_text() == "z"
+    assert (outside / "precious").read_text() == "x"
