@@ -4,8 +4,9 @@ What it does. Called from the slot's processes (`sandboxd.zygote`, `sandboxd.job
 - `enter_slot_namespaces` / `setup_slot_filesystem` run once per worker slot: new mount, network
   (no interfaces up), PID, IPC and UTS namespaces (plus a user namespace mapping the daemon's uid
   to 0 when the daemon is not root); every existing mount remounted read-only; private size-capped
-  tmpfs on /tmp, /var/tmp and /dev/shm; home directories hidden behind a tmpfs with only the
-  interpreter's own directories bound back (so a child can still import lazily); a fresh /proc
+  tmpfs on /tmp, /var/tmp and /dev/shm; home directories and every top-level directory outside
+  `SYSTEM_DIRS` hidden behind a tmpfs with only the interpreter's own directories (and the
+  sandboxd package) bound back, so a child can still import lazily; a fresh /proc
   that shows only the slot's own processes.
 - `install_seccomp` runs once in each zygote after its set-up; every job inherits the filter at
   fork, the light runner across its exec (deny list: ptrace, mount, namespaces, kernel modules,
@@ -239,12 +240,29 @@ def _remount_all_read_only() -> int:
     return num_failed
 
 
+# NOTE: the top-level directories a job keeps seeing (read-only): what an interpreter and its
+# libraries need. Every other one (/home, /root, /run with its sockets, /opt, /srv, /mnt, a
+# project or data tree, ...) is covered (`_hide_private_dirs`).
+SYSTEM_DIRS = frozenset(
+    {"bin", "dev", "etc", "lib", "lib32", "lib64", "libx32", "proc", "sbin", "sys", "tmp"}
+    | {"usr", "var"}
+)
+
+
 def _private_dirs() -> list[str]:
+    """The directories to hide: the daemon user's home, and every top-level directory outside
+    `SYSTEM_DIRS` (never a symlink: covering one would cover its target)."""
     dirs = {"/root"}
     home = os.path.expanduser("~")
     if home not in ("/", "") and os.getuid() != 0:
         dirs.add(home)
-    return sorted(d for d in dirs if os.path.isdir(d))
+    try:
+        dirs.update(
+            "/" + e.name for e in os.scandir("/") if e.name not in SYSTEM_DIRS and e.is_dir()
+        )
+    except OSError:
+        pass
+    return sorted(d for d in dirs if os.path.isdir(d) and not os.path.islink(d))
 
 
 def _cover(target: str, keep_paths: list[str], options: str, read_only: bool) -> list[str]:
@@ -274,7 +292,8 @@ def _cover(target: str, keep_paths: list[str], options: str, read_only: bool) ->
 
 
 def _hide_private_dirs(layers: Layers, keep_paths: list[str]) -> None:
-    """Cover /root (and the daemon user's home) with an empty read-only tmpfs."""
+    """Cover each of `_private_dirs` with an empty read-only tmpfs (the interpreter's own dirs
+    bound back)."""
     for hidden in _private_dirs():
         try:
             kept = _cover(hidden, keep_paths, "size=1m,mode=0755", read_only=True)

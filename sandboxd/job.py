@@ -5,7 +5,10 @@ What it does: `run_job` is the per-job logic shared by a slot's two runners (see
 only). Both call it with the same request and get the same result dict back. The caller passes
 `kill_tree`, because only it knows the safe way to kill every process of the job where it runs:
 `tree_killer` gives the zygote's; the light runner asks its zygote. Limits are the kernel's:
-rlimits, uid and seccomp are in place before the snippet's first line runs.
+rlimits, uid and seccomp are in place before the snippet's first line runs. RLIMIT_AS bounds
+each process; `MemoryWatch` bounds the job's processes together (polled every
+`MEMORY_CHECK_S`). After the job, `wipe` empties the slot's tmpfs and `_make_scratch` makes
+the next job's scratch dir without following anything the last job left.
 
 What it does not: no framing, no routing between runners, no namespaces or mounts
 (sandboxd.zygote, sandboxd.isolation).
@@ -59,11 +62,7 @@ class SlotInfo:
 
 
 def vm_size_bytes() -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmSize:"):
-                return int(line.split()[1]) * 1024
-    return 0
+    return _status_kb("VmSize") * 1024
 
 
 def prepare_runner(slot: SlotInfo) -> None:
@@ -140,6 +139,7 @@ def run_job(
         max_file_bytes=slot.disk_mb * 2**20,
     )
     _make_scratch(slot)
+    watch = _memory_watch(slot, spare_pid)
     compiled = runner.precompile(request["code"])
     pipes = [os.pipe() for _ in range(4)]  # stdin, stdout, stderr, ready
     start = time.monotonic()
@@ -161,6 +161,7 @@ def run_job(
             start,
             kill_tree,
             spare_pid,
+            watch,
         )
     finally:
         wipe(slot)
@@ -312,6 +313,71 @@ def _child_main(
     os._exit(runner.run(code, compiled))
 
 
+# NOTE: how often a running job's memory is summed over its processes (`MemoryWatch`)
+MEMORY_CHECK_S = 0.1
+
+
+@dataclass
+class MemoryWatch:
+    """The memory of a job's processes together, against its limit.
+
+    RLIMIT_AS bounds each process, but a job may run up to `max_procs` of them: 64 x 1 GB.
+    In a slot with its own PID namespace every process but the slot's runners belongs to the
+    job (however it forked or setsid'd), so their private memory (what a fork from the warm
+    runner has written, from /proc/PID/smaps_rollup) is summed and the job killed once it
+    passes memory_mb plus the runner's own resident size (a forked child may write to at most
+    that much of what it shares with its runner).
+    """
+
+    runners: set[int]
+    limit_bytes: int
+
+    def used_bytes(self) -> int:
+        total = 0
+        for name in os.listdir("/proc"):
+            if name.isdigit() and int(name) not in self.runners:
+                total += _private_bytes(name)
+        return total
+
+
+def _memory_watch(slot: SlotInfo, spare_pid: int | None) -> MemoryWatch | None:
+    """The watch for a job of this runner's (None without a private PID namespace: /proc
+    would show the host's processes too)."""
+    if not slot.pid_namespace:
+        return None
+    runners = {1, os.getpid(), os.getppid()} | ({spare_pid} if spare_pid else set())
+    return MemoryWatch(runners, slot.memory_mb * 2**20 + _status_kb("VmRSS") * 1024)
+
+
+def _private_bytes(pid: str) -> int:
+    """Memory process `pid` alone holds (private resident + swapped); its whole resident size
+    if that cannot be read; 0 if it is gone."""
+    try:
+        with open(f"/proc/{pid}/smaps_rollup", "rb") as f:
+            kb = sum(
+                int(line.split()[1])
+                for line in f
+                if line.startswith((b"Private_Clean:", b"Private_Dirty:", b"Swap:"))
+            )
+        return kb * 1024
+    except PermissionError:
+        try:
+            with open(f"/proc/{pid}/statm", "rb") as f:
+                return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+        except (OSError, ValueError, IndexError):
+            return 0
+    except (OSError, ValueError):
+        return 0
+
+
+def _status_kb(field: str) -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    return 0
+
+
 def _pump(
     pid: int,
     pipes: list[tuple[int, int]],
@@ -321,8 +387,10 @@ def _pump(
     start: float,
     kill_tree: Callable[[int], None],
     spare_pid: int | None,
+    watch: MemoryWatch | None = None,
 ) -> dict[str, Any]:
-    """Feed stdin, drain outputs with a cap, wait for exit or deadline; kill the tree, reap."""
+    """Feed stdin, drain outputs with a cap, wait for exit or deadline (and, with `watch`, for
+    the job's processes together to stay within their memory); kill the tree, reap."""
     stdin_w, out_r, err_r, ready_r = pipes[0][1], pipes[1][0], pipes[2][0], pipes[3][0]
     os.set_blocking(stdin_w, False)
     # NOTE: the ready pipe is read once the job is over, so that it wakes us one time less.
@@ -338,13 +406,22 @@ def _pump(
         os.close(stdin_w)
     open_fds = set(bufs) | {pidfd} | ({stdin_w} if stdin else set())
     deadline = start + timeout_s
-    timed_out = over_limit = exited = False
+    timed_out = over_limit = over_memory = exited = False
     sent = 0
+    next_check = start + MEMORY_CHECK_S
     while not exited:
-        remaining = deadline - time.monotonic()
+        now = time.monotonic()
+        remaining = deadline - now
         if remaining <= 0:
             timed_out = True
             break
+        if watch is not None:
+            if now >= next_check:
+                next_check = now + MEMORY_CHECK_S
+                if watch.used_bytes() > watch.limit_bytes:
+                    over_memory = True
+                    break
+            remaining = min(remaining, next_check - now)
         for fd, _ev in poller.poll(remaining * 1000):
             if fd == pidfd:
                 exited = True
@@ -378,6 +455,7 @@ def _pump(
         "ready": _was_ready(ready_r),
         "timed_out": timed_out,
         "over_limit": over_limit,
+        "over_memory": over_memory,
         "max_output_bytes": max_output_bytes,
     }
 
@@ -498,6 +576,8 @@ def _classify(o: dict[str, Any], limits: JobLimits) -> dict[str, Any]:
     )
     if o["over_limit"]:
         status = "output_limit"
+    elif o.get("over_memory"):
+        status = "memory"
     elif o["timed_out"] or cpu_killed:
         status = "timeout"
     elif not o["ready"]:
@@ -508,7 +588,7 @@ def _classify(o: dict[str, Any], limits: JobLimits) -> dict[str, Any]:
         status = "memory"
     else:
         status = "error"
-    if status in ("timeout", "output_limit") and exit_code == -signal.SIGKILL:
+    if status in ("timeout", "output_limit", "memory") and exit_code == -signal.SIGKILL:
         exit_code = None  # killed by us, not a code the snippet chose
     return {
         "status": status,

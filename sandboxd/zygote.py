@@ -38,6 +38,7 @@ import os
 import re
 import select
 import signal
+import site
 import socket
 import struct
 import sys
@@ -186,9 +187,17 @@ def _slot_main(index: int, conn_fd: int, config: dict[str, Any]) -> None:
 
 
 def _keep_paths() -> list[str]:
-    paths = {sys.prefix, sys.base_prefix, sys.exec_prefix}
-    paths.update(p for p in sys.path if p)
-    return sorted({os.path.realpath(p) for p in paths if os.path.isdir(p)})
+    """What jobs must still see under hidden directories: the interpreter and its import path.
+    The pool puts the directory holding the sandboxd package on that path; of it only the
+    package is kept (it may be a whole source tree), unless it is a site-packages dir."""
+    package = os.path.dirname(os.path.realpath(__file__))
+    holder = os.path.dirname(package)
+    paths = {os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, sys.exec_prefix)}
+    paths.update(os.path.realpath(p) for p in sys.path if p)
+    if holder not in {os.path.realpath(p) for p in site.getsitepackages()}:
+        paths.discard(holder)
+    paths.add(package)
+    return sorted(p for p in paths if os.path.isdir(p))
 
 
 def _zygote_main(index: int, conn_fd: int, config: dict[str, Any], layers: Layers) -> None:

@@ -82,6 +82,15 @@ CASES = [
         None,
     ),
     ("memory_bomb", "x = []\nwhile True:\n    x.append(bytearray(10**7))\n", {"memory"}, None),
+    # each process stays under its own address-space limit (256 MB here); together they do not
+    (
+        "memory_across_processes",
+        "import os, time\nfor _ in range(6):\n    if os.fork() == 0:\n"
+        "        b = bytearray(200 * 2**20)\n        time.sleep(3)\n        os._exit(0)\n"
+        "for _ in range(6):\n    os.wait()\nprint('survived')\n",
+        {"memory"},
+        lambda r: r["stdout"] == "" and r["exit_code"] is None,
+    ),
     ("infinite_loop", "while True:\n    pass\n", {"timeout"}, None),
     (
         "alarm_then_loop",
@@ -254,6 +263,7 @@ CASES = [
 BOTH_RUNNERS = {
     "fork_bomb",
     "memory_bomb",
+    "memory_across_processes",
     "kill_parent",
     "zombies",
     "sleep_past_timeout",
@@ -397,3 +407,24 @@ def test_a_poisoned_tmpfs_is_wiped_and_its_symlink_never_followed(hostile, prefi
     after = run_jobs(hostile.url, [{"code": prefix + look}, {"code": prefix + look}])
     assert [r["status"] for r in after] == ["ok", "ok"], after
     assert {r["stdout"] for r in after} == {before[0]["stdout"]}, (before, after)
+
+
+@pytest.mark.parametrize("prefix", ["", HEAVY], ids=["light", "heavy"])
+def test_host_files_outside_the_system_dirs_are_hidden(hostile, prefix):
+    """A job sees the system directories and the interpreter, not the host's other files: not
+    this test file (a source tree), nor what sits beside the interpreter's own dirs."""
+    from sandboxd.isolation import SYSTEM_DIRS
+
+    here = os.path.realpath(__file__)
+    if here.split("/")[1] in SYSTEM_DIRS:
+        pytest.skip(f"the checkout lies under a system directory ({here})")
+    code = prefix + (
+        "import os\n"
+        f"for path in ({here!r}, {os.path.dirname(here)!r}, '/etc/hostname'):\n"
+        "    print(path, os.path.exists(path))\n"
+    )
+    res = run_jobs(hostile.url, [{"code": code}])[0]
+    assert res["status"] == "ok", res
+    seen = dict(line.rsplit(" ", 1) for line in res["stdout"].splitlines())
+    assert seen[here] == "False" and seen[os.path.dirname(here)] == "False", seen
+    assert seen["/etc/hostname"] == str(os.path.exists("/etc/hostname"))
