@@ -29,11 +29,12 @@ complete -c rstar2 -n '__fish_seen_subcommand_from serve-sandbox' -l host -d 'Ad
 complete -c rstar2 -n '__fish_seen_subcommand_from serve-sandbox' -l port -d 'Port to listen on (0 picks a free one)' -r -F
 complete -c rstar2 -n '__fish_seen_subcommand_from serve-sandbox' -l workers -d 'Worker slots (warm zygotes), about one per core' -r -F
 complete -c rstar2 -n '__fish_seen_subcommand_from serve-sandbox' -l timeout-s -d 'Default and maximum wall time per job' -r -F
-complete -c rstar2 -n '__fish_seen_subcommand_from serve-sandbox' -l memory-mb -d 'Address space a job may add' -r -F
+complete -c rstar2 -n '__fish_seen_subcommand_from serve-sandbox' -l memory-mb -d 'Memory a job may add per process (address space) and all its processe' -r -F
 complete -c rstar2 -n '__fish_seen_subcommand_from serve-sandbox' -l max-output-bytes -d 'stdout+stderr cap per job' -r -F
 complete -c rstar2 -n '__fish_seen_subcommand_from serve-sandbox' -l max-procs -d 'Processes + threads per slot' -r -F
 complete -c rstar2 -n '__fish_seen_subcommand_from serve-sandbox' -l disk-mb -d 'Private tmpfs size per slot' -r -F
 complete -c rstar2 -n '__fish_seen_subcommand_from serve-sandbox' -l max-queue -d 'Queued jobs before answering 503' -r -F
+complete -c rstar2 -n '__fish_seen_subcommand_from serve-sandbox' -l max-request-output-mb -d 'stdout+stderr of one requests jobs together; jobs past it come back c' -r -F
 complete -c rstar2 -n '__fish_seen_subcommand_from serve-sandbox' -l preload -d 'Comma-separated modules each zygote imports (default math stack)' -r -F
 complete -c rstar2 -n '__fish_seen_subcommand_from serve-sandbox' -l help -d 'Show help and exit'
 complete -c rstar2 -n '__fish_seen_subcommand_from rollout' -l model -d 'HF model folder (weights + tokenizer)' -r -F
@@ -130,6 +131,6 @@ complete -c rstar2 -n '__fish_seen_subcommand_from eval' -l max-tool-output-char
 complete -c rstar2 -n '__fish_seen_subcommand_from eval' -l tool-timeout -d 'Seconds one tool call may run (> 0)' -r -F
 complete -c rstar2 -n '__fish_seen_subcommand_from eval' -l help -d 'Show help and exit'
 complete -c rstar2 -n '__fish_seen_subcommand_from quickstart' -l out -d 'Folder for every stages output, summary.json and pipeline.sh' -r -F
-complete -c rstar2 -n '__fish_seen_subcommand_from quickstart' -l fresh -d 'Delete --out first and start over (default resume)'
+complete -c rstar2 -n '__fish_seen_subcommand_from quickstart' -l fresh -d 'Delete --out first and start over (default resume); only a folder an '
 complete -c rstar2 -n '__fish_seen_subcommand_from quickstart' -l sandbox-workers -d 'Sandbox worker slots' -r -F
 complete -c rstar2 -n '__fish_seen_subcommand_from quickstart' -l help -d 'Show help and exit'

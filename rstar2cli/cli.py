@@ -91,6 +91,7 @@ def main(argv: list[str] | None = None) -> NoReturn:
     from rich.markup import escape
 
     from rstar2cli.errors import UserError
+    from rstar2cli.fileio import remove_created_if_empty
 
     args = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in args
@@ -102,16 +103,21 @@ def main(argv: list[str] | None = None) -> NoReturn:
         _plain_flags(command := typer.main.get_command(app))
         command.main(args=args, prog_name="rstar2", standalone_mode=True)
     except SystemExit as exc:
+        if exc.code not in (0, None):
+            remove_created_if_empty()
         raise exc
     except UserError as exc:
+        remove_created_if_empty()
         if debug:
             raise
         err.print(f"[bold red]error:[/] {escape(str(exc))}", markup=True)
         sys.exit(exc.exit_code)
     except KeyboardInterrupt:
+        remove_created_if_empty()
         err.print("[yellow]interrupted[/]")
         sys.exit(130)
     except Exception as exc:  # a bug, or a library failure we did not anticipate
+        remove_created_if_empty()
         if debug:
             raise
         msg = str(exc).strip().splitlines()[0] if str(exc).strip() else ""

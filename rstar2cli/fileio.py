@@ -192,12 +192,29 @@ def check_output_path(
         raise UserError(f"{option} is a directory, expected a {suffix} file: {out}")
     folder = out if suffix is None else out.parent
     try:
+        missing = [f for f in (folder, *folder.parents) if not f.exists()]
         folder.mkdir(parents=True, exist_ok=True)
+        _CREATED.extend(reversed(missing))
         with tempfile.NamedTemporaryFile(dir=folder, prefix=".rstar2-probe-"):
             pass
     except OSError as exc:
         raise UserError(f"cannot write to {folder}: {exc.strerror or exc}") from None
     return out
+
+
+# the folders `check_output_path` created in this process, outermost first
+_CREATED: list[Path] = []
+
+
+def remove_created_if_empty() -> None:
+    """After a failed command: remove the folders `check_output_path` created for it that are
+    still empty (innermost first), so that a run that failed leaves nothing behind."""
+    for folder in reversed(_CREATED):
+        try:
+            folder.rmdir()
+        except OSError:
+            pass
+    _CREATED.clear()
 
 
 def refuse_overwrite(paths: list[Path], force: bool) -> None:

@@ -246,12 +246,14 @@ class RolloutArgs:
 
     def check(self) -> None:
         """Values the option parser cannot check; one-line errors before any work."""
+        from rstar2cli.agent.inputs import check_ray_address
         from rstar2cli.protocol import render_prompt
 
         if self.engine not in ENGINE_KINDS:
             raise UserError(f"--engine must be vllm or hf, got {self.engine!r}")
         if self.tool_timeout_s <= 0:
             raise UserError(f"--tool-timeout must be > 0 seconds, got {self.tool_timeout_s}")
+        check_ray_address(self.ray_address)
         if self.speculative is not None:
             if self.engine != "vllm":
                 raise UserError(f"--speculative is for --engine vllm, not {self.engine}")

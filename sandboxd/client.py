@@ -83,19 +83,24 @@ class SandboxClient:
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
-    async def check(self) -> None:
-        """Raise SandboxUnreachable (naming the URLs) unless at least one endpoint is healthy."""
-        for endpoint in self.endpoints:
+    async def check(self) -> list[str]:
+        """The URLs that did not answer /healthz (asked all at once); raises SandboxUnreachable
+        (naming the URLs) when none did."""
+        timeout = aiohttp.ClientTimeout(total=min(self.timeout_s, 10.0))
+
+        async def healthy(endpoint: _Endpoint) -> bool:
             try:
-                timeout = aiohttp.ClientTimeout(total=min(self.timeout_s, 10.0))
                 async with self._http().get(endpoint.url + "/healthz", timeout=timeout) as resp:
-                    if resp.status == 200:
-                        return
+                    return resp.status == 200
             except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
-                continue
-        raise SandboxUnreachable(
-            "no sandbox answered /healthz at " + ", ".join(e.url for e in self.endpoints)
-        )
+                return False
+
+        answers = await asyncio.gather(*(healthy(e) for e in self.endpoints))
+        if not any(answers):
+            raise SandboxUnreachable(
+                "no sandbox answered /healthz at " + ", ".join(e.url for e in self.endpoints)
+            )
+        return [e.url for e, ok in zip(self.endpoints, answers, strict=True) if not ok]
 
     async def run(self, job: Job) -> JobResult:
         return (await self.run_batch([job]))[0]

@@ -290,7 +290,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--timeout-s", type=float, default=10.0, help="default and maximum wall time per job"
     )
-    p.add_argument("--memory-mb", type=int, default=1024, help="address space a job may add")
+    p.add_argument(
+        "--memory-mb",
+        type=int,
+        default=1024,
+        help="memory a job may add: per process (address space) and all its processes together",
+    )
     p.add_argument("--max-output-bytes", type=int, default=1_000_000)
     p.add_argument("--max-procs", type=int, default=64, help="processes + threads per slot")
     p.add_argument("--disk-mb", type=int, default=64, help="private tmpfs size per slot")

@@ -7,6 +7,7 @@ What it does not do: normalise arbitrary schemas (that is `prepare-data`; these 
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -122,19 +123,45 @@ def load_hub_dataset(
 
 
 def check_sandboxes(urls: list[str]) -> None:
-    """Fail with one line before any engine starts when no sandbox URL answers /healthz."""
+    """Fail with one line before any engine starts when no sandbox URL answers /healthz; warn
+    (one line) about the URLs that do not when others do."""
     import asyncio
 
     from sandboxd.client import SandboxClient, SandboxUnreachable
 
-    async def check() -> None:
+    async def check() -> list[str]:
         client = SandboxClient(urls, timeout_s=5.0, max_attempts=1)
         try:
-            await client.check()
+            return await client.check()
         finally:
             await client.close()
 
     try:
-        asyncio.run(check())
+        dead = asyncio.run(check())
     except SandboxUnreachable as exc:
         raise UserError(str(exc).splitlines()[0]) from exc
+    if dead:  # the client routes around them, but a user should know the pool is smaller
+        print(
+            f"warning: no answer on /healthz from {', '.join(dead)}; going on with the other "
+            f"{len(urls) - len(dead)} of {len(urls)} sandboxes",
+            file=sys.stderr,
+        )
+
+
+def check_ray_address(address: str | None) -> None:
+    """Fail with one line when a Ray cluster address accepts no connection (`ray.init` would
+    retry it for minutes); 'local', 'auto' and None need no cluster to be up."""
+    import socket
+
+    if address in (None, "local", "auto"):
+        return
+    host, sep, port = address.split("://", 1)[-1].rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise UserError(f"--ray-address must be 'local', 'auto' or HOST:PORT, got {address!r}")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=5.0).close()
+    except OSError as exc:
+        raise UserError(
+            f"cannot reach the Ray cluster at {address}: {exc.strerror or exc} (is its head up? "
+            "`ray start --head` prints the address)"
+        ) from None

@@ -20,7 +20,10 @@ def quickstart(
         help="Folder for every stage's output, summary.json and pipeline.sh.",
     ),
     fresh: bool = typer.Option(
-        False, "--fresh", help="Delete --out first and start over (default: resume)."
+        False,
+        "--fresh",
+        help="Delete --out first and start over (default: resume); only a folder an earlier "
+        "quickstart wrote (or an empty one).",
     ),
     sandbox_workers: int = typer.Option(
         2, "--sandbox-workers", min=1, help="Sandbox worker slots."
@@ -36,16 +39,23 @@ def quickstart(
     from rich.console import Console
 
     from rstar2cli import pipeline
-    from rstar2cli.fileio import read_jsonl_if_exists, write_json_atomic
+    from rstar2cli.fileio import check_output_path, read_jsonl_if_exists, write_json_atomic
 
     console = Console()
     if not (REPO_RECIPES / "sft.yaml").is_file() or not (REPO_RECIPES / "rl.yaml").is_file():
         raise UserError(
             f"tiny recipes not found in {REPO_RECIPES}: run from a checkout of rstar2cli"
         )
-    if fresh and out.exists():
+    if out.exists() and not out.is_dir():
+        raise UserError(f"--out {out} is a file; give a folder")
+    if fresh and out.exists() and any(out.iterdir()):
+        if not _is_quickstart_output(out):
+            raise UserError(
+                f"--fresh would delete {out}, which holds files but no quickstart pipeline.sh: "
+                "give a new or empty folder, or one an earlier quickstart wrote"
+            )
         shutil.rmtree(out)
-    out.mkdir(parents=True, exist_ok=True)
+    check_output_path(out)
     started = time.monotonic()
     steps = pipeline.plan_steps(out, pipeline.QuickstartSettings(recipes_dir=REPO_RECIPES))
     (out / "pipeline.sh").write_text(pipeline.shell_script(steps), encoding="utf-8")
@@ -82,6 +92,19 @@ def quickstart(
     console.print(
         f"summary: {out / 'summary.json'}  plots: {out / 'quickstart.png'}, {out / 'eval'}, {out / 'rl'}"
     )
+
+
+def _is_quickstart_output(out: Path) -> bool:
+    """Whether `out` is a folder a quickstart wrote (its pipeline.sh says so), so that
+    --fresh may delete it; never a folder of the user's that merely got passed as --out."""
+    from rstar2cli import pipeline
+
+    script = out / "pipeline.sh"
+    try:
+        head = script.read_text(encoding="utf-8")[:512] if script.is_file() else ""
+    except (OSError, UnicodeDecodeError):
+        return False
+    return pipeline.SCRIPT_MARK in head
 
 
 def _run_command(argv: list[str]) -> None:

@@ -63,6 +63,7 @@ def rl_stage(
     """Train one GRPO-RoC stage: rollout 2G -> grade -> RoC to G -> PPO-clip update -> push weights."""
     from rich.console import Console
 
+    from rstar2cli.agent.inputs import check_ray_address
     from rstar2cli.fileio import check_output_path
     from rstar2cli.recipe import check_resume, dump_recipe, load_recipe
     from rstar2cli.rl.stage_recipe import RlRecipe
@@ -77,6 +78,7 @@ def rl_stage(
     if sandbox:
         resolved.sandbox.urls = list(sandbox)
     _check_inputs(resolved)
+    check_ray_address(ray_address)
     check_output_path(out)
     check_resume(out, resolved)
     if (out / "final" / "config.json").exists():

@@ -25,7 +25,12 @@ def serve_sandbox(
     timeout_s: float = typer.Option(
         10.0, "--timeout-s", min=0.01, help="Default and maximum wall time per job."
     ),
-    memory_mb: int = typer.Option(1024, "--memory-mb", min=16, help="Address space a job may add."),
+    memory_mb: int = typer.Option(
+        1024,
+        "--memory-mb",
+        min=16,
+        help="Memory a job may add: per process (address space) and all its processes together.",
+    ),
     max_output_bytes: int = typer.Option(
         1_000_000, "--max-output-bytes", min=1, help="stdout+stderr cap per job."
     ),

@@ -41,8 +41,22 @@ def parse_sets(sets: list[str]) -> dict[str, Any]:
             node = node.setdefault(part, {})
             if not isinstance(node, dict):
                 raise UserError(f"--set {key}: {part} is both a value and a section")
-        node[parts[-1]] = yaml.safe_load(raw) if raw.strip() else ""
+        try:
+            node[parts[-1]] = yaml.safe_load(raw) if raw.strip() else ""
+        except yaml.YAMLError as exc:
+            raise UserError(
+                f"--set {key.strip()}: {raw!r} is not a valid YAML value ({yaml_problem(exc)})"
+            ) from None
     return out
+
+
+def yaml_problem(exc: yaml.YAMLError) -> str:
+    """A YAML error in one line: what is wrong and where (line, column; 1-based)."""
+    problem = getattr(exc, "problem", None) or str(exc).strip().splitlines()[0]
+    mark = getattr(exc, "problem_mark", None)
+    return (
+        problem if mark is None else f"{problem} at line {mark.line + 1}, column {mark.column + 1}"
+    )
 
 
 def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
@@ -71,7 +85,7 @@ def load_recipe(path: str | Path, schema: type[M], sets: list[str] | None = None
     try:
         data = yaml.safe_load(p.read_text(encoding="utf-8")) or {}
     except yaml.YAMLError as exc:
-        raise UserError(f"recipe {p} is not valid YAML: {exc}") from exc
+        raise UserError(f"recipe {p} is not valid YAML: {yaml_problem(exc)}") from None
     if not isinstance(data, dict):
         raise UserError(f"recipe {p} must be a mapping at the top level")
     data = _merge(data, parse_sets(sets or []))

@@ -54,3 +54,31 @@ def test_debug_after_the_command_shows_the_traceback(tmp_path):
     out = str(tmp_path / "x.parquet")
     r = _run("prepare-data", "--source", str(missing), "--out", out, "--debug")
     assert r.returncode != 0 and "Traceback" in r.stderr and "UserError" in r.stderr, r.stderr
+
+
+def _one_line(r: subprocess.CompletedProcess) -> str:
+    lines = [ln for ln in r.stderr.strip().splitlines() if ln.strip()]
+    assert r.returncode == 2 and len(lines) == 1 and lines[0].startswith("error:"), r.stderr
+    return lines[0]
+
+
+def test_quickstart_fresh_deletes_no_folder_it_did_not_write(tmp_path):
+    """--fresh deletes --out only when an earlier quickstart wrote it (its pipeline.sh says so):
+    a user's folder passed by mistake keeps every file. A bad --out is one line too."""
+    precious = tmp_path / "thesis"
+    precious.mkdir()
+    (precious / "thesis.txt").write_text("years of work")
+    line = _one_line(_run("quickstart", "--fresh", "--out", str(precious)))
+    assert "--fresh would delete" in line and "no quickstart pipeline.sh" in line
+    assert (precious / "thesis.txt").read_text() == "years of work"
+    # a pipeline.sh that is not a quickstart's does not count either
+    (precious / "pipeline.sh").write_text("#!/bin/sh\nmake all\n")
+    assert "--fresh would delete" in _one_line(
+        _run("quickstart", "--fresh", "--out", str(precious))
+    )
+    assert (precious / "thesis.txt").exists()
+    blocker = tmp_path / "a_file"
+    blocker.write_text("x")
+    assert "is a file" in _one_line(_run("quickstart", "--out", str(blocker)))
+    assert "cannot write to" in _one_line(_run("quickstart", "--out", str(blocker / "q")))
+    assert blocker.read_text() == "x"

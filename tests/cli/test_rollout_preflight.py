@@ -36,6 +36,15 @@ def test_rollout_bad_inputs_fail_with_one_line_before_any_work(tmp_path, tiny_mo
             ],
             "--speculative is for --engine vllm",
         ),
+        # a Ray head that is not up: one line at once (ray.init retries for minutes)
+        (
+            ["--model", tiny_model_dir, "--data", data, "--ray-address", "127.0.0.1:9"],
+            "cannot reach the Ray cluster at 127.0.0.1:9",
+        ),
+        (
+            ["--model", tiny_model_dir, "--data", data, "--ray-address", "head-node"],
+            "--ray-address must be 'local', 'auto' or HOST:PORT",
+        ),
     ]
     for args, message in cases:
         res = run_cli("rollout", *args, "--out", out, timeout=120)
@@ -72,3 +81,14 @@ def test_filter_hard_bad_inputs_fail_with_one_line_before_any_work(tmp_path, tin
         lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
         assert len(lines) == 1 and message in lines[0], res.stderr
     assert not list(tmp_path.glob("k.*"))
+
+
+def test_a_dead_sandbox_beside_a_live_one_is_named_in_a_warning(capsys):
+    from rstar2cli.agent.inputs import check_sandboxes
+    from sandboxd.server import spawn_daemon
+
+    with spawn_daemon(workers=1, timeout_s=5.0) as live:
+        check_sandboxes([live.url, "http://127.0.0.1:9"])
+    err = capsys.readouterr().err
+    assert "warning: no answer on /healthz from http://127.0.0.1:9" in err
+    assert "the other 1 of 2 sandboxes" in err

@@ -67,7 +67,7 @@ def _rl(paths: dict, train: Path, *extra: object) -> subprocess.CompletedProcess
 def test_rl_unreachable_sandbox_writes_no_recipe(rl):
     line = _one_line_error(_rl(rl, rl["good"], "--sandbox", DEAD_SANDBOX))
     assert "127.0.0.1:9" in line
-    assert not (rl["out"] / "recipe.yaml").exists()
+    assert not rl["out"].exists()  # not even an empty OUT is left
 
 
 def test_rl_garbage_data_writes_no_recipe(rl):
@@ -134,8 +134,8 @@ def test_sft_bad_data_fails_before_writing_anything(tmp_path, content):
         _cli("sft-coldstart", "--recipe", _sft_recipe(tmp_path, data), "--out", out)
     )
     assert "no usable SFT examples" in line and str(data) in line
-    # nothing a corrected rerun would trip over: no recipe.yaml, no init_model, no checkpoints
-    assert not out.exists() or list(out.iterdir()) == []
+    # nothing a corrected rerun would trip over: not even an empty OUT
+    assert not out.exists()
 
 
 def test_sft_arith_rows_without_fields_fail_before_writing(tmp_path):
@@ -191,3 +191,23 @@ def test_sft_model_that_cannot_be_found_is_one_line(tmp_path, monkeypatch, model
     )  # fmt: skip
     assert expected in _one_line_error(proc)
     assert not out.exists() or list(out.iterdir()) == []
+
+
+def test_a_set_value_that_is_not_yaml_is_one_line_naming_its_key(rl):
+    line = _one_line_error(_rl(rl, rl["good"], "--set", "train.lr=[unclosed"))
+    assert "--set train.lr: '[unclosed' is not a valid YAML value" in line
+    assert not rl["out"].exists()
+
+
+def test_a_recipe_that_is_not_yaml_is_one_line_with_its_place(tmp_path):
+    recipe = tmp_path / "bad.yaml"
+    recipe.write_text("train:\n  lr: [1, 2\nseed: 3\n", encoding="utf-8")
+    line = _one_line_error(_cli("sft-coldstart", "--recipe", recipe, "--out", tmp_path / "run"))
+    assert f"recipe {recipe} is not valid YAML" in line and "line 3" in line
+    assert not (tmp_path / "run").exists()
+
+
+def test_rl_unreachable_ray_head_is_one_line_and_writes_nothing(rl):
+    line = _one_line_error(_rl(rl, rl["good"], "--ray-address", "127.0.0.1:9"))
+    assert "cannot reach the Ray cluster at 127.0.0.1:9" in line
+    assert not rl["out"].exists()
