@@ -101,23 +101,23 @@ def main(argv: list[str] | None = None) -> NoReturn:
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "DEBUG" if debug else "WARNING")
     try:
         _plain_flags(command := typer.main.get_command(app))
-        command.main(args=args, prog_name="rstar2", standalone_mode=True)
+        try:
+            command.main(args=args, prog_name="rstar2", standalone_mode=True)
+        except BaseException as exc:  # a failed command leaves no empty folder of its own
+            if not isinstance(exc, SystemExit) or exc.code not in (0, None):
+                remove_created_if_empty()
+            raise
     except SystemExit as exc:
-        if exc.code not in (0, None):
-            remove_created_if_empty()
         raise exc
     except UserError as exc:
-        remove_created_if_empty()
         if debug:
             raise
         err.print(f"[bold red]error:[/] {escape(str(exc))}", markup=True)
         sys.exit(exc.exit_code)
     except KeyboardInterrupt:
-        remove_created_if_empty()
         err.print("[yellow]interrupted[/]")
         sys.exit(130)
     except Exception as exc:  # a bug, or a library failure we did not anticipate
-        remove_created_if_empty()
         if debug:
             raise
         msg = str(exc).strip().splitlines()[0] if str(exc).strip() else ""

@@ -211,7 +211,8 @@ _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 def clear_dir(top: str, keep: set[str]) -> None:
-    """Empty the directory `top`, leaving the paths in `keep` (and what cannot be removed).
+    """Empty the directory `top`, leaving its entries whose paths are in `keep` (and what cannot
+    be removed).
 
     A job may leave anything behind, so this walks without recursion (directories nested
     thousands deep overflow a recursive walk, and its path strings pass PATH_MAX), holds one
@@ -226,9 +227,10 @@ def clear_dir(top: str, keep: set[str]) -> None:
     dev = os.fstat(fd).st_dev
     # from `top` down to the directory `fd` is: (entered name, names stuck in its parent)
     path: list[tuple[str, set[str]]] = []
-    stuck: set[str] = set()  # entries of the current directory left in place
+    # entries of the current directory left in place (at `top`: from the start, the kept ones)
+    stuck = {os.path.basename(k) for k in keep if os.path.dirname(k) == top.rstrip("/")}
     while True:
-        child = _next_subdir(fd, dev, stuck, keep, top, path)
+        child = _next_subdir(fd, dev, stuck)
         if child is not None:
             try:
                 inner = _open_dir(child, fd)
@@ -253,11 +255,9 @@ def clear_dir(top: str, keep: set[str]) -> None:
             stuck.add(name)
 
 
-def _next_subdir(
-    fd: int, dev: int, stuck: set[str], keep: set[str], top: str, path: list
-) -> str | None:
-    """Unlink the files and symlinks of directory `fd`; return one subdirectory to enter next
-    (None: none left). Kept paths, other mounts and what fails to unlink go into `stuck`."""
+def _next_subdir(fd: int, dev: int, stuck: set[str]) -> str | None:
+    """Unlink the files and symlinks of directory `fd` not in `stuck`; return one subdirectory
+    to enter next (None: none left). Other mounts and what fails to unlink go into `stuck`."""
     with os.scandir(fd) as entries:
         for entry in entries:
             if entry.name in stuck:
@@ -270,8 +270,7 @@ def _next_subdir(
             except OSError:
                 stuck.add(entry.name)
                 continue
-            kept = len(path) < 16 and "/".join([top, *(n for n, _ in path), entry.name]) in keep
-            if st.st_dev != dev or kept:
+            if st.st_dev != dev:
                 stuck.add(entry.name)
                 continue
             return entry.name
@@ -576,7 +575,7 @@ def _classify(o: dict[str, Any], limits: JobLimits) -> dict[str, Any]:
     )
     if o["over_limit"]:
         status = "output_limit"
-    elif o.get("over_memory"):
+    elif o["over_memory"]:
         status = "memory"
     elif o["timed_out"] or cpu_killed:
         status = "timeout"

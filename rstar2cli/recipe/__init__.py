@@ -52,7 +52,7 @@ def parse_sets(sets: list[str]) -> dict[str, Any]:
 
 def yaml_problem(exc: yaml.YAMLError) -> str:
     """A YAML error in one line: what is wrong and where (line, column; 1-based)."""
-    problem = getattr(exc, "problem", None) or str(exc).strip().splitlines()[0]
+    problem = getattr(exc, "problem", None) or first_line(exc)
     mark = getattr(exc, "problem_mark", None)
     return (
         problem if mark is None else f"{problem} at line {mark.line + 1}, column {mark.column + 1}"
