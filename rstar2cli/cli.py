@@ -2,16 +2,18 @@
 
 Each command lives in `rstar2cli/commands/<name>.py` as one function whose module imports nothing
 heavy at top level (torch, vllm, transformers, deepspeed and ray are imported inside the
-function), so `rstar2 --help` and `--version` stay instant. `main()` turns a `UserError` into one
-red line and exit code 2 (130 for an interrupt), and any other exception into a one-line summary
-and exit code 1; the traceback is shown only with `--debug`. vLLM logs warnings and errors only
-unless VLLM_LOGGING_LEVEL says otherwise (`--debug`: everything). Tested in tests/cli/.
+function), so `rstar2 --help` and `--version` stay instant. `main()` turns a `UserError` or a
+usage error (a bad option or value) into one red line and exit code 2 (130 for an interrupt), and
+any other exception into a one-line summary and exit code 1; the traceback is shown only with
+`--debug` (same exit codes). vLLM logs warnings and errors only unless VLLM_LOGGING_LEVEL says
+otherwise (`--debug`: everything). Tested in tests/cli/.
 """
 
 from __future__ import annotations
 
 import os
 import sys
+import traceback
 from typing import Any, NoReturn
 
 import typer
@@ -89,6 +91,7 @@ def main(argv: list[str] | None = None) -> NoReturn:
     """Console-script entry point with one-line errors."""
     from rich.console import Console
     from rich.markup import escape
+    from typer._click.exceptions import ClickException
 
     from rstar2cli.errors import UserError
     from rstar2cli.fileio import remove_created_if_empty
@@ -102,16 +105,27 @@ def main(argv: list[str] | None = None) -> NoReturn:
     try:
         _plain_flags(command := typer.main.get_command(app))
         try:
-            command.main(args=args, prog_name="rstar2", standalone_mode=True)
+            # NOTE: not standalone: a usage error comes here as an exception, to be one line;
+            # what comes back is an exit code (typer.Exit, --help, Ctrl-C: 130) or None
+            code = command.main(args=args, prog_name="rstar2", standalone_mode=False)
         except BaseException as exc:  # a failed command leaves no empty folder of its own
             if not isinstance(exc, SystemExit) or exc.code not in (0, None):
                 remove_created_if_empty()
             raise
+        if isinstance(code, int) and code:
+            remove_created_if_empty()
+            sys.exit(code)
     except SystemExit as exc:
         raise exc
+    except ClickException as exc:  # a bad option or value: one line, with where to look
+        ctx = getattr(exc, "ctx", None)
+        where = f" (see {ctx.command_path} --help)" if ctx is not None else ""
+        if msg := exc.format_message().rstrip("."):  # none when the help was shown instead
+            err.print(f"[bold red]error:[/] {escape(msg)}{where}", markup=True)
+        sys.exit(exc.exit_code)
     except UserError as exc:
         if debug:
-            raise
+            traceback.print_exc()  # then the same line and exit code as without --debug
         err.print(f"[bold red]error:[/] {escape(str(exc))}", markup=True)
         sys.exit(exc.exit_code)
     except KeyboardInterrupt:
@@ -119,7 +133,8 @@ def main(argv: list[str] | None = None) -> NoReturn:
         sys.exit(130)
     except Exception as exc:  # a bug, or a library failure we did not anticipate
         if debug:
-            raise
+            traceback.print_exc()
+            sys.exit(1)
         msg = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
         err.print(
             f"[bold red]error:[/] {type(exc).__name__}: {escape(msg)} (rerun with --debug for the "

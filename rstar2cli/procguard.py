@@ -18,6 +18,13 @@ too, so a process started later (a sandbox pool on the first tool call, a helper
 is covered without registering it. On a normal exit the guardian finds those processes already
 gone (engines are shut down first) and does nothing.
 
+A terminal's Ctrl-C goes to every process of the foreground job, engine cores and their workers
+included; each of vLLM's sets its own SIGINT handler and stops on its own, mid-step, logging a
+traceback while the command shuts them down in order. `start_deaf_to_sigint(start)` runs `start`
+in a thread that blocks SIGINT; the processes it spawns inherit the blocked signal (the mask
+survives fork and exec, and a Python handler does not unblock it), so only the command sees
+Ctrl-C. They still stop on SIGTERM, which is how they are shut down.
+
 What it does not do: anything on a remote node (Ray kills a dead driver's actors itself), or
 handle SIGINT/SIGTERM (the commands do). Linux only (/proc, prctl); elsewhere it does nothing.
 Tested in tests/unit/test_procguard.py and tests/integration/test_interrupts.py.
@@ -29,7 +36,12 @@ import os
 import signal
 import subprocess
 import sys
+import threading
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
+
+T = TypeVar("T")
 
 _guardian: subprocess.Popen[bytes] | None = None
 _guarded: set[tuple[int, int]] = set()
@@ -101,6 +113,31 @@ def guard_descendants() -> None:
     _guardian.stdin.write("".join(f"{p} {t}\n" for p, t in new).encode())
     _guardian.stdin.flush()
     _guarded.update(new)
+
+
+def start_deaf_to_sigint(start: Callable[[], T]) -> T:
+    """`start()`, run in a helper thread that blocks SIGINT, so every process it spawns starts with
+    SIGINT blocked (see the module's docstring). This thread waits for it and keeps its own
+    handlers: a Ctrl-C meanwhile runs them here as usual (the wait is interruptible); if one
+    raises, the helper is left to finish on its own (a daemon thread) and what it started dies
+    with the command (`guard_descendants`)."""
+    outcome: list[tuple[bool, object]] = []
+
+    def run() -> None:
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        try:
+            outcome.append((True, start()))
+        except BaseException as exc:  # handed to the waiting thread as it is
+            outcome.append((False, exc))
+
+    guard_descendants()  # NOTE: the guardian's looks at the tree cover what `start` spawns
+    helper = threading.Thread(target=run, name="start-deaf-to-sigint", daemon=True)
+    helper.start()
+    helper.join()
+    ok, value = outcome[0]
+    if not ok:
+        raise value  # type: ignore[misc]
+    return value  # type: ignore[return-value]
 
 
 # ---------------------------------------------------------------------------------------------

@@ -21,9 +21,14 @@ from rstar2cli.errors import UserError
 from rstar2cli.fileio import check_output_path, refuse_overwrite
 
 _LOCAL_SUFFIXES = (".jsonl", ".json", ".parquet")
+# options that only one of the two modes reads: given to the other, they would be ignored
+_SOURCE_ONLY = ("config", "split", "question_field", "answer_field", "integer_only", "dedupe",
+                "decontaminate", "rejects")  # fmt: skip
+_SYNTHETIC_ONLY = ("num", "seed")
 
 
 def prepare_data(
+    ctx: typer.Context,
     source: str | None = typer.Option(
         None,
         "--source",
@@ -83,6 +88,7 @@ def prepare_data(
     console = Console(highlight=False)
     if (source is None) == (synthetic is None):
         raise UserError("give exactly one of --source or --synthetic")
+    _refuse_other_modes_options(ctx, synthetic is not None)
     inputs = (source if source is not None and _is_local(source) else None, *(decontaminate or []))
     check_output_path(out, inputs, suffix=".parquet")
     if synthetic is not None:
@@ -102,6 +108,24 @@ def prepare_data(
         eval_grams=_eval_grams(decontaminate or []),
     )
     _prepare_source(console, source, config, split, out, rejects_path, options)
+
+
+def _refuse_other_modes_options(ctx: typer.Context, synthetic: bool) -> None:
+    """One line naming the options on the command line that this mode (--synthetic or --source)
+    would ignore."""
+    names, mode, other = (
+        (_SOURCE_ONLY, "--synthetic", "--source")
+        if synthetic
+        else (_SYNTHETIC_ONLY, "--source", "--synthetic")
+    )
+    params = {p.name: p for p in ctx.command.params}
+    given = [
+        "/".join([*params[n].opts, *getattr(params[n], "secondary_opts", [])])
+        for n in names
+        if getattr(ctx.get_parameter_source(n), "name", None) == "COMMANDLINE"
+    ]
+    if given:
+        raise UserError(f"{', '.join(given)}: only with {other}; {mode} does not read it")
 
 
 def _prepare_source(

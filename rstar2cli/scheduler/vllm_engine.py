@@ -181,6 +181,7 @@ class VllmEngine:
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
+        from rstar2cli.procguard import start_deaf_to_sigint
         from rstar2cli.scheduler.placement import GPU_MEMORY_FRACTION, engine_env
 
         if kv_cache_tokens < max_model_len:
@@ -234,9 +235,13 @@ class VllmEngine:
         self.stats = VllmStats()
         self.tensor_parallel_size = tensor_parallel_size
         self.devices = tuple(devices)
-        with engine_env(self.devices, tensor_parallel_size, on_gpu):  # its processes inherit it
-            self._llm = AsyncLLM.from_engine_args(
-                args, stat_loggers=[_stat_logger_factory(self.stats)]
+        # NOTE: its processes inherit the environment, and SIGINT blocked: a terminal's Ctrl-C
+        # is the command's to handle, which shuts the engine down in order (procguard)
+        with engine_env(self.devices, tensor_parallel_size, on_gpu):
+            self._llm = start_deaf_to_sigint(
+                lambda: AsyncLLM.from_engine_args(
+                    args, stat_loggers=[_stat_logger_factory(self.stats)]
+                )
             )
         cache_config = self._llm.vllm_config.cache_config
         num_blocks = cache_config.num_gpu_blocks

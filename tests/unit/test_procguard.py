@@ -174,3 +174,42 @@ def test_a_reused_pid_is_never_killed():
     finally:
         if other.poll() is None:
             other.kill()
+
+
+DEAF = textwrap.dedent(
+    """
+    import signal, subprocess, sys, time
+    from rstar2cli import procguard
+    signal.signal(signal.SIGINT, lambda *_: print("parent got SIGINT", flush=True))
+    start = lambda: subprocess.Popen(["sleep", "300"])
+    deaf = procguard.start_deaf_to_sigint(start)
+    plain = start()
+    try:
+        procguard.start_deaf_to_sigint(lambda: 1 / 0)
+    except ZeroDivisionError:
+        print("raised", flush=True)
+    blocked = signal.SIGINT in signal.pthread_sigmask(signal.SIG_BLOCK, [])
+    print(deaf.pid, plain.pid, blocked, flush=True)
+    time.sleep(300)
+    """
+)
+
+
+def test_processes_started_deaf_to_sigint_outlive_a_ctrl_c_that_the_command_still_gets():
+    parent = _start(DEAF)
+    try:
+        assert parent.stdout.readline().strip() == "raised"  # start's error reaches the caller
+        deaf, plain, blocked = parent.stdout.readline().split()
+        assert blocked == "False"  # only the helper thread blocked it
+        os.killpg(parent.pid, signal.SIGINT)  # a terminal's Ctrl-C: the whole process group
+        assert parent.stdout.readline().strip() == "parent got SIGINT"
+        assert wait_dead([int(plain)], 10.0) == []  # sleep dies of SIGINT by default
+        time.sleep(0.5)
+        assert alive(int(deaf))
+        sigblk = next(
+            ln for ln in open(f"/proc/{deaf}/status").read().splitlines() if ln.startswith("SigBlk")
+        )
+        assert int(sigblk.split()[1], 16) & (1 << (signal.SIGINT - 1))
+        assert _kill_and_wait(parent, [int(deaf)]) == []  # and it still dies with the command
+    finally:
+        end_group(parent)
