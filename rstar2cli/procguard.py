@@ -38,6 +38,7 @@ import subprocess
 import sys
 import threading
 from collections.abc import Callable
+from multiprocessing import resource_tracker
 from pathlib import Path
 from typing import TypeVar
 
@@ -131,6 +132,11 @@ def start_deaf_to_sigint(start: Callable[[], T]) -> T:
             outcome.append((False, exc))
 
     guard_descendants()  # NOTE: the guardian's looks at the tree cover what `start` spawns
+    # NOTE: multiprocessing starts its resource tracker on first use with SIGINT and SIGTERM
+    # blocked, then *unblocks* both in the starting thread: inside the helper, that would undo
+    # its block before the engine's own processes start. Started here first, it is never
+    # started there.
+    resource_tracker.ensure_running()
     helper = threading.Thread(target=run, name="start-deaf-to-sigint", daemon=True)
     helper.start()
     helper.join()

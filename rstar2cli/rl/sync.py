@@ -81,11 +81,17 @@ class WeightSync:
             for e, n, off in zip(self.engines, self._receivers, offsets, strict=True)
             if n > 0
         ]
-        try:
-            await asyncio.wait_for(
-                asyncio.gather(asyncio.to_thread(self.trainers.join_weight_group, address), *joins),
-                timeout_s + 30.0,
+
+        async def join_all() -> None:
+            # NOTE: awaited inside a task of its own: wait_for cancelled (Ctrl-C) cancels that
+            # task, which takes the gather's CancelledError; on a bare gather, wait_for leaves it
+            # unretrieved and asyncio logs a traceback
+            await asyncio.gather(
+                asyncio.to_thread(self.trainers.join_weight_group, address), *joins
             )
+
+        try:
+            await asyncio.wait_for(join_all(), timeout_s + 30.0)
         except Exception as exc:  # one member failed: gloo/NCCL groups are all or nothing
             log.warning(
                 "weight sync: no broadcast group (%s); every engine loads from disk",

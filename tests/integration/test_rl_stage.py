@@ -19,6 +19,9 @@ something to choose from, and the update is not zero.
   the engine gets the checkpoint's weights before the first rollout after the resume. This test
   uses the transformers engine, whose per-request generators make samples independent of how
   requests are batched together.
+- test_ctrl_c_while_the_engine_starts_...: a terminal's Ctrl-C (SIGINT to the whole process group)
+  while the vLLM engine core starts: the engine never sees it (procguard.start_deaf_to_sigint),
+  the command stops after the start in one line, exit 130, no traceback, nothing left running.
 - test_three_node_cluster_...: a Ray cluster of 3 nodes on this machine (two declaring GPUs);
   2 vLLM engine actors on different nodes + 2 DeepSpeed ZeRO-3 ranks (gloo), two steps; placement,
   disjoint GPU ids, and the broadcast sync's checksums against the final weights. Its second test
@@ -36,7 +39,7 @@ import time
 from pathlib import Path
 
 import pytest
-from clihelpers import end_group, kill_9_alone
+from clihelpers import cmdline, end_group, kill_9_alone, wait_dead
 
 REPO = Path(__file__).resolve().parents[2]
 PROBLEMS = [
@@ -337,6 +340,37 @@ def test_kill_during_step_two_then_resume_matches(setup, uninterrupted):
         }
     wa, wb = _weights(uninterrupted / "final"), _weights(out / "final")
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+def test_ctrl_c_while_the_engine_starts_stops_in_one_line_and_leaves_nothing(setup):
+    from rstar2cli.procguard import descendants
+
+    out = setup["root"] / "run_ctrl_c"
+    proc = subprocess.Popen(
+        _cmd(setup, out),
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        env=_env(),
+    )
+    try:
+        deadline = time.monotonic() + 300
+        while not any("EngineCore" in cmdline(p) for p in descendants(proc.pid)):
+            assert proc.poll() is None, proc.communicate()[1][-3000:]
+            assert time.monotonic() < deadline, "no engine core started"
+            time.sleep(0.1)
+        below = descendants(proc.pid)
+        os.killpg(proc.pid, signal.SIGINT)
+        _, err = proc.communicate(timeout=300)
+    finally:
+        end_group(proc)
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert proc.returncode == 130, err[-3000:]
+    assert "rl-stage interrupted; rerun the same command to resume" in lines[-1], err[-3000:]
+    assert "Traceback" not in err, err[-3000:]
+    assert [cmdline(p) for p in wait_dead(below, 30.0)] == []
 
 
 @pytest.fixture(scope="module")

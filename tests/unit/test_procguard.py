@@ -178,19 +178,23 @@ def test_a_reused_pid_is_never_killed():
 
 DEAF = textwrap.dedent(
     """
-    import signal, subprocess, sys, time
+    import multiprocessing, signal, subprocess, sys, time
     from rstar2cli import procguard
     signal.signal(signal.SIGINT, lambda *_: print("parent got SIGINT", flush=True))
-    start = lambda: subprocess.Popen(["sleep", "300"])
-    deaf = procguard.start_deaf_to_sigint(start)
-    plain = start()
-    try:
-        procguard.start_deaf_to_sigint(lambda: 1 / 0)
-    except ZeroDivisionError:
-        print("raised", flush=True)
-    blocked = signal.SIGINT in signal.pthread_sigmask(signal.SIG_BLOCK, [])
-    print(deaf.pid, plain.pid, blocked, flush=True)
-    time.sleep(300)
+    def start():  # as vLLM starts its engine core: the process's first use of multiprocessing
+        proc = multiprocessing.get_context("spawn").Process(target=time.sleep, args=(300,))
+        proc.start()
+        return proc
+    if __name__ == "__main__":
+        deaf = procguard.start_deaf_to_sigint(start)
+        plain = subprocess.Popen(["sleep", "300"])
+        try:
+            procguard.start_deaf_to_sigint(lambda: 1 / 0)
+        except ZeroDivisionError:
+            print("raised", flush=True)
+        blocked = signal.SIGINT in signal.pthread_sigmask(signal.SIG_BLOCK, [])
+        print(deaf.pid, plain.pid, blocked, flush=True)
+        time.sleep(300)
     """
 )
 
