@@ -38,7 +38,6 @@ import subprocess
 import sys
 import threading
 from collections.abc import Callable
-from multiprocessing import resource_tracker
 from pathlib import Path
 from typing import TypeVar
 
@@ -122,6 +121,8 @@ def start_deaf_to_sigint(start: Callable[[], T]) -> T:
     handlers: a Ctrl-C meanwhile runs them here as usual (the wait is interruptible); if one
     raises, the helper is left to finish on its own (a daemon thread) and what it started dies
     with the command (`guard_descendants`)."""
+    from multiprocessing import resource_tracker  # NOTE: here: the guardian never needs it
+
     outcome: list[tuple[bool, object]] = []
 
     def run() -> None:
