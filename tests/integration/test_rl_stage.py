@@ -145,10 +145,9 @@ def _cmd(setup: dict, out: Path) -> list[str]:
     return cmd
 
 
-def _run(
-    cmd: list[str], timeout_s: float = 600, cwd: Path = REPO, returncode: int = 0
-) -> subprocess.CompletedProcess:
-    proc = subprocess.Popen(
+def _start(cmd: list[str], cwd: Path = REPO) -> subprocess.Popen[str]:
+    """The command in a session of its own, with what it starts; its output piped."""
+    return subprocess.Popen(
         cmd,
         cwd=cwd,
         stdout=subprocess.PIPE,
@@ -157,6 +156,12 @@ def _run(
         start_new_session=True,
         env=_env(),
     )
+
+
+def _run(
+    cmd: list[str], timeout_s: float = 600, cwd: Path = REPO, returncode: int = 0
+) -> subprocess.CompletedProcess:
+    proc = _start(cmd, cwd)
     try:
         stdout, stderr = proc.communicate(timeout=timeout_s)
     except subprocess.TimeoutExpired:
@@ -345,16 +350,7 @@ def test_kill_during_step_two_then_resume_matches(setup, uninterrupted):
 def test_ctrl_c_while_the_engine_starts_stops_in_one_line_and_leaves_nothing(setup):
     from rstar2cli.procguard import descendants
 
-    out = setup["root"] / "run_ctrl_c"
-    proc = subprocess.Popen(
-        _cmd(setup, out),
-        cwd=REPO,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-        env=_env(),
-    )
+    proc = _start(_cmd(setup, setup["root"] / "run_ctrl_c"))
     try:
         deadline = time.monotonic() + 300
         while not any("EngineCore" in cmdline(p) for p in descendants(proc.pid)):
