@@ -14,7 +14,7 @@ _rstar2() {
     case "$cmd" in
         prepare-data) opts="--source --out --config --split --question-field --answer-field --integer-only --dedupe --no-dedupe --decontaminate --synthetic --num --seed --rejects --force --help" ;;
         sft-coldstart) opts="--recipe --set --out --model --help" ;;
-        serve-sandbox) opts="--host --port --workers --timeout-s --memory-mb --max-output-bytes --max-procs --disk-mb --max-queue --max-request-output-mb --preload --help" ;;
+        serve-sandbox) opts="--host --port --workers --timeout-s --memory-mb --max-output-bytes --max-procs --disk-mb --max-queue --max-request-output-mb --idle-timeout-s --preload --help" ;;
         rollout) opts="--model --data --out --samples --engines --engine --sandbox --ray-address --scheduler --kv-mode --kv-overcommit --admission --tail-kv-fraction --kv-cache-tokens --tensor-parallel-size --speculative --max-turns --max-response-tokens --temperature --top-p --seed --template --max-tool-output-chars --tool-timeout --help" ;;
         rl-stage) opts="--recipe --set --out --init-from --reset-optimizer --sandbox --ray-address --help" ;;
         filter-hard) opts="--model --data --out --force --samples --engines --engine --sandbox --ray-address --scheduler --kv-mode --kv-overcommit --admission --tail-kv-fraction --kv-cache-tokens --tensor-parallel-size --speculative --max-turns --max-response-tokens --temperature --top-p --seed --template --max-tool-output-chars --tool-timeout --help" ;;

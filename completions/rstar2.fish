@@ -35,6 +35,7 @@ complete -c rstar2 -n '__fish_seen_subcommand_from serve-sandbox' -l max-procs -
 complete -c rstar2 -n '__fish_seen_subcommand_from serve-sandbox' -l disk-mb -d 'Private tmpfs size per slot' -r -F
 complete -c rstar2 -n '__fish_seen_subcommand_from serve-sandbox' -l max-queue -d 'Queued jobs before answering 503' -r -F
 complete -c rstar2 -n '__fish_seen_subcommand_from serve-sandbox' -l max-request-output-mb -d 'stdout+stderr of one requests jobs together; jobs past it come back c' -r -F
+complete -c rstar2 -n '__fish_seen_subcommand_from serve-sandbox' -l idle-timeout-s -d 'A connection must send a whole request head within this (from its open' -r -F
 complete -c rstar2 -n '__fish_seen_subcommand_from serve-sandbox' -l preload -d 'Comma-separated modules each zygote imports (default math stack)' -r -F
 complete -c rstar2 -n '__fish_seen_subcommand_from serve-sandbox' -l help -d 'Show help and exit'
 complete -c rstar2 -n '__fish_seen_subcommand_from rollout' -l model -d 'HF model folder (weights + tokenizer)' -r -F

@@ -9,8 +9,11 @@ Endpoints (loopback by default):
   GET  /healthz              {"ok", "workers_alive", "isolation"}
   GET  /metrics              Prometheus text
 A full queue or a draining daemon answers 503 (code-judge results carry reason "queue_timeout").
-Malformed requests get 400 with a one-line message. SIGTERM drains: no new jobs, in-flight and
-queued jobs are answered, then the process exits.
+Malformed requests get 400 with a one-line message. A connection that has not sent a whole request
+head within `idle_timeout_s` of opening (or of its last answer) is closed, and a body that has not
+arrived within it is answered 408: a client sending its headers or body a byte at a time holds no
+connection for long. SIGTERM drains: no new jobs, in-flight and queued jobs are answered, then the
+process exits.
 
 What it does not: execute anything itself (sandboxd.pool) or retry (sandboxd.client).
 Tested in tests/sandboxd/test_sandbox_api.py, test_wire_compat.py and test_failover.py with real daemons.
@@ -40,16 +43,28 @@ from sandboxd.wire import Job, JobResult, ProtocolError
 
 READY_PREFIX = "sandboxd listening on "
 _MAX_BODY_BYTES = 512 * 2**20
+IDLE_TIMEOUT_S = 60.0  # default: a request head and then its body must each come within it
+_LINGERING_S = 10.0  # aiohttp's own
 
 
 class _Service:
-    def __init__(self, pool: Pool) -> None:
+    def __init__(self, pool: Pool, idle_timeout_s: float = IDLE_TIMEOUT_S) -> None:
         self.pool = pool
+        self.idle_timeout_s = idle_timeout_s
         self.draining = False
 
     async def _body(self, request: web.Request) -> Any:
         try:
-            return json.loads(await request.read())
+            raw = await asyncio.wait_for(request.read(), self.idle_timeout_s)
+        except asyncio.TimeoutError:
+            late = web.HTTPRequestTimeout(
+                text=_err(f"the request body did not arrive within {self.idle_timeout_s:g} s"),
+                content_type="application/json",
+            )
+            late.force_close()  # NOTE: the rest of the body may still come: not a next request
+            raise late from None
+        try:
+            return json.loads(raw)
         except (ValueError, UnicodeDecodeError, RecursionError):  # RecursionError: nested deep
             raise web.HTTPBadRequest(
                 text=_err("the request body is not valid JSON"), content_type="application/json"
@@ -214,8 +229,10 @@ def render_metrics(pool: Pool) -> str:
     return "\n".join(lines) + "\n"
 
 
-def build_app(pool: Pool) -> tuple[web.Application, _Service]:
-    service = _Service(pool)
+def build_app(
+    pool: Pool, idle_timeout_s: float = IDLE_TIMEOUT_S
+) -> tuple[web.Application, _Service]:
+    service = _Service(pool, idle_timeout_s)
     app = web.Application(client_max_size=_MAX_BODY_BYTES)
     app.add_routes(
         [
@@ -238,15 +255,29 @@ def describe_isolation(layers: dict[str, Any]) -> tuple[str, list[str]]:
 
 
 async def serve(
-    config: PoolConfig, host: str = "127.0.0.1", port: int = 8080, drain_s: float = 60.0
+    config: PoolConfig,
+    host: str = "127.0.0.1",
+    port: int = 8080,
+    drain_s: float = 60.0,
+    idle_timeout_s: float = IDLE_TIMEOUT_S,
 ) -> None:
     """Run the daemon until SIGTERM/SIGINT; then drain and exit."""
     pool = Pool(config)
     await pool.start()
-    app, service = build_app(pool)
+    app, service = build_app(pool, idle_timeout_s)
     # NOTE: handler_cancellation: a client that disconnects cancels its request's handler, and
-    # with it the futures of its jobs still queued, which the pool then drops unrun
-    runner = web.AppRunner(app, access_log=None, handle_signals=False, handler_cancellation=True)
+    # with it the futures of its jobs still queued, which the pool then drops unrun.
+    # keepalive_timeout: aiohttp closes a connection whose request head is not whole by then,
+    # counted from its opening or its last answer (its own default is an hour). lingering_time:
+    # how long it reads and drops the rest of a body it answered early (408) before closing
+    runner = web.AppRunner(
+        app,
+        access_log=None,
+        handle_signals=False,
+        handler_cancellation=True,
+        keepalive_timeout=idle_timeout_s,
+        lingering_time=min(_LINGERING_S, idle_timeout_s),
+    )
     await runner.setup()
     site = web.TCPSite(runner, host, port, backlog=1024, reuse_address=True)
     try:
@@ -307,6 +338,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="stdout + stderr of one request's jobs together; past it they come back cut",
     )
     p.add_argument(
+        "--idle-timeout-s",
+        type=float,
+        default=IDLE_TIMEOUT_S,
+        help="a connection must send a whole request head within this (from its opening or its "
+        "last answer), and then the body within this, or it is closed / answered 408",
+    )
+    p.add_argument(
         "--preload", default=None, help="comma-separated modules to import in the zygote"
     )
     p.add_argument(
@@ -343,10 +381,11 @@ def main(argv: list[str] | None = None) -> None:
         or args.memory_mb < 16
         or args.max_output_bytes < 1
         or not args.max_request_output_mb > 0
+        or not args.idle_timeout_s > 0
     ):
         sys.exit(
             "sandboxd: 1 <= --workers <= 256, --timeout-s > 0, --memory-mb >= 16, "
-            "--max-output-bytes >= 1, --max-request-output-mb > 0"
+            "--max-output-bytes >= 1, --max-request-output-mb > 0, --idle-timeout-s > 0"
         )
     if args.exit_with_parent is not None:
         # NOTE: a parent killed by SIGTERM/SIGKILL never runs its cleanup; the kernel's
@@ -357,7 +396,9 @@ def main(argv: list[str] | None = None) -> None:
         set_parent_death_signal(signal.SIGTERM)
         if os.getppid() != args.exit_with_parent:
             sys.exit("sandboxd: the parent that started this daemon is gone")
-    asyncio.run(serve(config_from_args(args), args.host, args.port))
+    asyncio.run(
+        serve(config_from_args(args), args.host, args.port, idle_timeout_s=args.idle_timeout_s)
+    )
 
 
 # ---------------------------------------------------------------- spawn_daemon (tests, scripts)

@@ -45,6 +45,13 @@ def serve_sandbox(
         min=0.001,
         help="stdout+stderr of one request's jobs together; jobs past it come back cut.",
     ),
+    idle_timeout_s: float = typer.Option(
+        60.0,
+        "--idle-timeout-s",
+        min=0.01,
+        help="A connection must send a whole request head within this (from its opening or its "
+        "last answer), then its body within this; else it is closed, or answered 408.",
+    ),
     preload: str = typer.Option(
         "", "--preload", help="Comma-separated modules each zygote imports (default: math stack)."
     ),
@@ -72,7 +79,7 @@ def serve_sandbox(
         if missing:
             raise UserError(f"--preload: no module named {', '.join(missing)}")
     try:
-        asyncio.run(serve(config, host, port))
+        asyncio.run(serve(config, host, port, idle_timeout_s=idle_timeout_s))
     except OSError as exc:
         raise UserError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
 

@@ -326,3 +326,50 @@ def test_one_requests_output_together_is_capped():
     assert sum(len(r["stdout"]) + len(r["stderr"]) for r in results) == 2**20
     # the cap is per request: the next one starts afresh
     assert [r["status"] for r in second] == ["ok", "ok"]
+
+
+def _closed_within(conn: socket.socket, bound_s: float) -> bytes:
+    """What the daemon sends before closing `conn`; fails if it is still open after `bound_s`."""
+    conn.settimeout(bound_s)
+    data = b""
+    while chunk := conn.recv(4096):
+        data += chunk
+    return data
+
+
+def test_a_client_that_sends_its_request_a_byte_at_a_time_holds_no_connection():
+    """With --idle-timeout-s 1: a request head never finished, one dripped a byte at a time and
+    a body that never comes are all cut off, while a job that runs longer than the timeout is
+    answered in full and the daemon serves on."""
+    handle = spawn_daemon(workers=1, timeout_s=5.0, extra_args=("--idle-timeout-s", "1"))
+    host, port = handle.url.rsplit("/", 1)[1].split(":")
+    try:
+        with socket.create_connection((host, int(port)), timeout=10) as half:
+            half.sendall(b"POST /v1/batch HTTP/1.1\r\nHost: x\r\n")
+            assert _closed_within(half, 10.0) == b""  # closed, nothing answered
+        with socket.create_connection((host, int(port)), timeout=10) as drip:
+            drip.sendall(b"POST /v1/batch HTTP/1.1\r\n")
+            drip.settimeout(0.2)
+            closed = False
+            for _ in range(50):  # 10 s at most: a header byte every 0.2 s never completes
+                try:
+                    drip.sendall(b"X")
+                    closed = drip.recv(4096) == b""
+                except TimeoutError:
+                    continue
+                except OSError:  # reset by the daemon
+                    closed = True
+                break
+            assert closed
+        with socket.create_connection((host, int(port)), timeout=10) as no_body:
+            no_body.sendall(
+                b"POST /v1/batch HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                b"Content-Length: 100\r\n\r\n{"
+            )
+            answer = _closed_within(no_body, 10.0)
+            assert answer.startswith(b"HTTP/1.1 408"), answer[:200]
+            assert b"did not arrive within 1 s" in answer
+        slow = run_jobs(handle.url, [{"code": "import time\ntime.sleep(1.5)\nprint('done')"}])
+        assert slow[0]["status"] == "ok" and slow[0]["stdout"] == "done\n"
+    finally:
+        handle.stop()
