@@ -75,6 +75,9 @@ app.command("eval")(eval_command.eval_cmd)
 app.command("quickstart")(quickstart.quickstart)
 
 
+_TRACKER_WARNINGS_OFF = "ignore:resource_tracker:UserWarning"  # a PYTHONWARNINGS filter
+
+
 def _plain_flags(command: Any) -> None:
     """`--force` in the help, not `--force <bool>`: switches take no value, so they show no type
     (Typer prints one for every option, the built-in --help included)."""
@@ -102,6 +105,12 @@ def main(argv: list[str] | None = None) -> NoReturn:
         args = ["--debug", *(a for a in args if a != "--debug")]
     err = Console(stderr=True, highlight=False, soft_wrap=True)
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "DEBUG" if debug else "WARNING")
+    filters = os.environ.get("PYTHONWARNINGS", "")
+    if not debug and _TRACKER_WARNINGS_OFF not in filters:
+        # NOTE: multiprocessing's resource tracker (a child process) warns at exit about the
+        # shared memory and semaphores it removed after processes that were killed, e.g. an
+        # engine abandoned mid-start by Ctrl-C; it has removed them, so there is nothing to do
+        os.environ["PYTHONWARNINGS"] = ",".join(filter(None, [filters, _TRACKER_WARNINGS_OFF]))
     try:
         _plain_flags(command := typer.main.get_command(app))
         try:

@@ -32,14 +32,15 @@ Tested in tests/unit/test_procguard.py and tests/integration/test_interrupts.py.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 T = TypeVar("T")
 
@@ -117,10 +118,12 @@ def guard_descendants() -> None:
 
 def start_deaf_to_sigint(start: Callable[[], T]) -> T:
     """`start()`, run in a helper thread that blocks SIGINT, so every process it spawns starts with
-    SIGINT blocked (see the module's docstring). This thread waits for it and keeps its own
-    handlers: a Ctrl-C meanwhile runs them here as usual (the wait is interruptible); if one
-    raises, the helper is left to finish on its own (a daemon thread) and what it started dies
-    with the command (`guard_descendants`)."""
+    SIGINT blocked (see the module's docstring). The calling thread waits for it. A SIGINT or
+    SIGTERM meanwhile runs the handler the command set (a stop request is recorded) and then, in
+    the main thread, ends the wait with KeyboardInterrupt: a start can take minutes (a large model
+    on a GPU) and cannot be cancelled, so it is abandoned, its helper left to a daemon thread, and
+    what it started dies with the command (`guard_descendants`). A signal the command ignores
+    stays ignored."""
     from multiprocessing import resource_tracker  # NOTE: here: the guardian never needs it
 
     outcome: list[tuple[bool, object]] = []
@@ -140,11 +143,38 @@ def start_deaf_to_sigint(start: Callable[[], T]) -> T:
     resource_tracker.ensure_running()
     helper = threading.Thread(target=run, name="start-deaf-to-sigint", daemon=True)
     helper.start()
-    helper.join()
+    with _stop_signals_end_the_wait():
+        helper.join()
     ok, value = outcome[0]
     if not ok:
         raise value  # type: ignore[misc]
     return value  # type: ignore[return-value]
+
+
+@contextlib.contextmanager
+def _stop_signals_end_the_wait() -> Iterator[None]:
+    """Within: SIGINT and SIGTERM run the handler the command set, then raise KeyboardInterrupt
+    (main thread only; a signal ignored, or left to the system, is left as it is)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+
+    def stop(signum: int, frame: Any) -> None:
+        handler = previous[signal.Signals(signum)]
+        if callable(handler):
+            handler(signum, frame)  # NOTE: the command's own: it may record the stop, or raise
+        raise KeyboardInterrupt
+
+    for sig, handler in previous.items():
+        if callable(handler):
+            signal.signal(sig, stop)
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            if callable(handler):
+                signal.signal(sig, handler)
 
 
 # ---------------------------------------------------------------------------------------------

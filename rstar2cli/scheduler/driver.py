@@ -128,6 +128,9 @@ async def rollout_session(
 
     engines: list[Any] = []
     try:
+        # NOTE: a stop asked for since the command armed its handlers lands here, not after an
+        # engine start that may take minutes (a signal during the start ends it: procguard)
+        await asyncio.sleep(0)
         started = start_engines()
         engines = await started if inspect.isawaitable(started) else started
         # NOTE: engine cores, Ray daemons and actors started so far die with this process, even

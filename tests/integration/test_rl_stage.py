@@ -21,7 +21,7 @@ something to choose from, and the update is not zero.
   requests are batched together.
 - test_ctrl_c_while_the_engine_starts_...: a terminal's Ctrl-C (SIGINT to the whole process group)
   while the vLLM engine core starts: the engine never sees it (procguard.start_deaf_to_sigint),
-  the command stops after the start in one line, exit 130, no traceback, nothing left running.
+  the command abandons the start and stops in one line, exit 130, no traceback, nothing left.
 - test_three_node_cluster_...: a Ray cluster of 3 nodes on this machine (two declaring GPUs);
   2 vLLM engine actors on different nodes + 2 DeepSpeed ZeRO-3 ranks (gloo), two steps; placement,
   disjoint GPU ids, and the broadcast sync's checksums against the final weights. Its second test

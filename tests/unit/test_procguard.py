@@ -217,3 +217,38 @@ def test_processes_started_deaf_to_sigint_outlive_a_ctrl_c_that_the_command_stil
         assert _kill_and_wait(parent, [int(deaf)]) == []  # and it still dies with the command
     finally:
         end_group(parent)
+
+
+WAIT = textwrap.dedent(
+    """
+    import signal, sys, time
+    from rstar2cli import procguard
+    if sys.argv[1] == "ignored":
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+    else:
+        signal.signal(signal.SIGINT, lambda *_: print("recorded", flush=True))
+    print("waiting", flush=True)
+    try:
+        print(procguard.start_deaf_to_sigint(lambda: time.sleep(3) or "finished"), flush=True)
+    except KeyboardInterrupt:
+        print("abandoned", flush=True)
+    """
+)
+
+
+def test_a_stop_signal_ends_the_wait_for_a_start_unless_the_command_ignores_it():
+    """A start cannot be cancelled and may take minutes: SIGINT runs the command's handler and
+    then abandons the wait; a command that ignores SIGINT waits the start out."""
+    for mode, expected in (("handled", ["recorded", "abandoned"]), ("ignored", ["finished"])):
+        proc = subprocess.Popen(
+            [sys.executable, "-c", WAIT, mode], stdout=subprocess.PIPE, text=True
+        )
+        try:
+            assert proc.stdout.readline().strip() == "waiting"
+            time.sleep(0.5)
+            proc.send_signal(signal.SIGINT)
+            out, _ = proc.communicate(timeout=20)
+        finally:
+            proc.kill()
+            proc.wait()
+        assert out.split() == expected, (mode, out)
