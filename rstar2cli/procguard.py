@@ -26,8 +26,9 @@ survives fork and exec, and a Python handler does not unblock it), so only the c
 Ctrl-C. They still stop on SIGTERM, which is how they are shut down.
 
 What it does not do: anything on a remote node (Ray kills a dead driver's actors itself), or
-handle SIGINT/SIGTERM (the commands do). Linux only (/proc, prctl); elsewhere it does nothing.
-Tested in tests/unit/test_procguard.py and tests/integration/test_interrupts.py.
+handle SIGINT/SIGTERM beyond ending the wait for a start (the commands do). Linux only (/proc,
+prctl); elsewhere it does nothing. Tested in tests/unit/test_procguard.py,
+tests/integration/test_interrupts.py and test_rl_stage.py (Ctrl-C while the engine starts).
 """
 
 from __future__ import annotations
