@@ -117,13 +117,12 @@ def main(argv: list[str] | None = None) -> NoReturn:
             # NOTE: not standalone: a usage error comes here as an exception, to be one line;
             # what comes back is an exit code (typer.Exit, --help, Ctrl-C: 130) or None
             code = command.main(args=args, prog_name="rstar2", standalone_mode=False)
+            if isinstance(code, int) and code:
+                sys.exit(code)
         except BaseException as exc:  # a failed command leaves no empty folder of its own
             if not isinstance(exc, SystemExit) or exc.code not in (0, None):
                 remove_created_if_empty()
             raise
-        if isinstance(code, int) and code:
-            remove_created_if_empty()
-            sys.exit(code)
     except SystemExit as exc:
         raise exc
     except ClickException as exc:  # a bad option or value: one line, with where to look

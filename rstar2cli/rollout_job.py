@@ -353,8 +353,9 @@ class StopSignals:
     `arm()` inside the running loop's main task, `disarm()` once the loop is done (it puts the
     earlier handlers back). Armed even where the shell started the command with SIGINT ignored (a
     background job): a stop signal must stop the command cleanly (vLLM's engine processes never
-    see SIGINT, procguard.start_deaf_to_sigint, but an engine of another kind may). `requested` tells the caller that an error came from such a stop (an
-    engine that died of the same Ctrl-C while it started). Main thread only; elsewhere a no-op.
+    see SIGINT, procguard.start_deaf_to_sigint, but an engine of another kind may). `requested`
+    tells the caller that an error came from such a stop (an engine that died of the same Ctrl-C
+    while it started). Main thread only; elsewhere a no-op.
     """
 
     def __init__(self) -> None:

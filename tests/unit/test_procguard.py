@@ -27,10 +27,14 @@ PARENT = textwrap.dedent(
 )
 
 
-def _start(script: str) -> subprocess.Popen[str]:
-    """A parent running `script`, in a process group of its own with what it starts."""
+def _start(script: str, *args: str) -> subprocess.Popen[str]:
+    """A parent running `script` (with `args`), in a process group of its own with what it
+    starts."""
     return subprocess.Popen(
-        [sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, start_new_session=True
+        [sys.executable, "-c", script, *args],
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
     )
 
 
@@ -240,15 +244,12 @@ def test_a_stop_signal_ends_the_wait_for_a_start_unless_the_command_ignores_it()
     """A start cannot be cancelled and may take minutes: SIGINT runs the command's handler and
     then abandons the wait; a command that ignores SIGINT waits the start out."""
     for mode, expected in (("handled", ["recorded", "abandoned"]), ("ignored", ["finished"])):
-        proc = subprocess.Popen(
-            [sys.executable, "-c", WAIT, mode], stdout=subprocess.PIPE, text=True
-        )
+        proc = _start(WAIT, mode)
         try:
             assert proc.stdout.readline().strip() == "waiting"
             time.sleep(0.5)
             proc.send_signal(signal.SIGINT)
             out, _ = proc.communicate(timeout=20)
         finally:
-            proc.kill()
-            proc.wait()
+            end_group(proc)
         assert out.split() == expected, (mode, out)
