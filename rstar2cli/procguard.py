@@ -23,7 +23,8 @@ included; each of vLLM's sets its own SIGINT handler and stops on its own, mid-s
 traceback while the command shuts them down in order. `start_deaf_to_sigint(start)` runs `start`
 in a thread that blocks SIGINT; the processes it spawns inherit the blocked signal (the mask
 survives fork and exec, and a Python handler does not unblock it), so only the command sees
-Ctrl-C. They still stop on SIGTERM, which is how they are shut down.
+Ctrl-C. They still stop on SIGTERM, which is how they are shut down (a vLLM worker ignores the
+SIGTERM sent to the whole job and is stopped by its engine core: vllm_sync_worker).
 
 What it does not do: anything on a remote node (Ray kills a dead driver's actors itself), or
 handle SIGINT/SIGTERM beyond ending the wait for a start (the commands do). Linux only (/proc,

