@@ -17,7 +17,8 @@ What it does. Called from the slot's processes (`sandboxd.zygote`, `sandboxd.job
 - `signal_uid` kills every process of a slot's job uid at once (as root, from the slot's PID 1).
 
 What it does not. It does not use cgroups (the per-slot process limit plus the slot's PID
-namespace contain fork and thread bombs); it does not build a separate root filesystem.
+namespace, or without one the zygote's tree walk in `sandboxd.job`, contain fork and thread
+bombs); it does not build a separate root filesystem.
 Layers the host refuses are reported in `Layers.warnings` and the daemon prints them loudly.
 
 Tested in tests/sandboxd/test_hostile.py (hostile snippets through a real daemon) and
@@ -191,7 +192,10 @@ def setup_slot_filesystem(layers: Layers, disk_mb: int, keep_paths: list[str]) -
     if layers.pid_namespace:
         layers.active.append("pidns (tree killed per job)")
     else:
-        layers.warnings.append("no PID namespace: setsid'd grandchildren may outlive their job")
+        layers.warnings.append(
+            "no PID namespace: jobs see the host's processes (a job's tree is still killed and "
+            "its memory summed: the zygote is a child subreaper)"
+        )
     if layers.mode not in ("root", "userns"):
         layers.warnings.append("no mount namespace: jobs can write wherever the daemon's uid can")
         return

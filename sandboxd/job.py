@@ -13,7 +13,8 @@ the next job's scratch dir without following anything the last job left.
 What it does not: no framing, no routing between runners, no namespaces or mounts
 (sandboxd.zygote, sandboxd.isolation).
 
-Tested through a real daemon in tests/sandboxd/ (both runners, hostile snippets included).
+Tested through a real daemon in tests/sandboxd/ (both runners, hostile snippets included;
+test_no_namespaces.py on a host that refuses namespaces).
 """
 
 from __future__ import annotations
@@ -87,7 +88,7 @@ def tree_killer(slot: SlotInfo) -> Callable[[int], None]:
         return lambda pid: _kill_by_uid(pid, slot.uid)
     if os.getpid() == 1:
         return _kill_as_init
-    return _kill_group
+    return _kill_descendants
 
 
 def _kill_by_uid(pid: int, uid: int) -> None:
@@ -105,11 +106,96 @@ def _kill_as_init(pid: int) -> None:
         pass
 
 
-def _kill_group(pid: int) -> None:
+# NOTE: how long `_kill_descendants` goes on finding processes of a killed job still alive
+_KILL_BOUND_S = 2.0
+
+
+def _kill_descendants(pid: int) -> None:
+    """Kill every process below the calling zygote (a child subreaper outside a PID namespace,
+    so the job's orphans, setsid'd or not, are there too): job process `pid` first, then passes
+    over the tree until one finds nothing alive (what a process forked while a pass went by is
+    found by the next one; a killed process forks no more).
+
+    NOTE: without a PID namespace the pids read from /proc are the host's, and one may be
+    reused by an unrelated process between reading it and signalling it. Each is signalled
+    through a pidfd opened first, and only once /proc shows its parent to be the caller or the
+    process it was found under, that one still alive (so its pid was not reused either)."""
+    kill_quietly(pid)  # NOTE: our child: its pid is ours until we reap it
+    end = time.monotonic() + _KILL_BOUND_S
+    while _kill_pass() and time.monotonic() < end:
+        time.sleep(0.001)
+
+
+def _kill_pass() -> int:
+    """SIGKILL every live process below the caller it can be sure of; -> how many it signalled."""
+    me, signalled = os.getpid(), 0
+    todo: list[tuple[int, int | None]] = [(me, None)]  # (pid, its pidfd; None for the caller)
+    held: list[int] = []
     try:
-        os.killpg(pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
+        while todo:
+            parent, parent_fd = todo.pop()
+            for child in _children_of(parent):
+                try:
+                    fd = os.pidfd_open(child)
+                except OSError:
+                    continue  # gone already
+                held.append(fd)
+                up = _parent_of(child)
+                ours = up == me or (up == parent and parent_fd is not None and _alive(parent_fd))
+                if not ours or not _alive(fd):
+                    continue  # not ours for certain, or dead (a zombie's children are ours)
+                try:
+                    signal.pidfd_send_signal(fd, signal.SIGKILL)
+                    signalled += 1
+                except ProcessLookupError:
+                    pass
+                todo.append((child, fd))
+    finally:
+        for fd in held:
+            os.close(fd)
+    return signalled
+
+
+def descendants(skip: int | None = None) -> set[int]:
+    """The pids below the calling runner (its slot's PID 1 or a child subreaper: a job's
+    orphans are among them), leaving out `skip` and what lies below it."""
+    found: set[int] = set()
+    todo = [os.getpid()]
+    while todo:
+        for child in _children_of(todo.pop()):
+            if child != skip and child not in found:
+                found.add(child)
+                todo.append(child)
+    return found
+
+
+def _children_of(pid: int) -> list[int]:
+    """The children of every thread of process `pid`; [] once it is gone."""
+    out: list[int] = []
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return out
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/children") as f:
+                out += [int(c) for c in f.read().split()]
+        except (OSError, ValueError):
+            pass
+    return out
+
+
+def _parent_of(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return int(f.read().rsplit(b")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def _alive(pidfd: int) -> bool:
+    """Whether the process behind `pidfd` has not exited (a pidfd turns readable when it does)."""
+    return not select.select([pidfd], [], [], 0)[0]
 
 
 def kill_quietly(pid: int) -> None:
@@ -321,31 +407,24 @@ class MemoryWatch:
     """The memory of a job's processes together, against its limit.
 
     RLIMIT_AS bounds each process, but a job may run up to `max_procs` of them: 64 x 1 GB.
-    In a slot with its own PID namespace every process but the slot's runners belongs to the
-    job (however it forked or setsid'd), so their private memory (what a fork from the warm
-    runner has written, from /proc/PID/smaps_rollup) is summed and the job killed once it
-    passes memory_mb plus the runner's own resident size (a forked child may write to at most
-    that much of what it shares with its runner).
+    Every process of a job lies below its runner, however it forked or setsid'd: the runner is
+    its slot's PID 1 or a child subreaper, so orphans come to it. Their private memory (what a
+    fork from the warm runner has written, from /proc/PID/smaps_rollup) is summed over the
+    runner's tree less its spare runner `spare_pid` (and what that runs), and the job killed
+    once it passes memory_mb plus the runner's own resident size (a forked child may write to at
+    most that much of what it shares with its runner).
     """
 
-    runners: set[int]
+    spare_pid: int | None
     limit_bytes: int
 
     def used_bytes(self) -> int:
-        total = 0
-        for name in os.listdir("/proc"):
-            if name.isdigit() and int(name) not in self.runners:
-                total += _private_bytes(name)
-        return total
+        return sum(_private_bytes(str(pid)) for pid in descendants(skip=self.spare_pid))
 
 
-def _memory_watch(slot: SlotInfo, spare_pid: int | None) -> MemoryWatch | None:
-    """The watch for a job of this runner's (None without a private PID namespace: /proc
-    would show the host's processes too)."""
-    if not slot.pid_namespace:
-        return None
-    runners = {1, os.getpid(), os.getppid()} | ({spare_pid} if spare_pid else set())
-    return MemoryWatch(runners, slot.memory_mb * 2**20 + _status_kb("VmRSS") * 1024)
+def _memory_watch(slot: SlotInfo, spare_pid: int | None) -> MemoryWatch:
+    """The watch for a job of this runner's."""
+    return MemoryWatch(spare_pid, slot.memory_mb * 2**20 + _status_kb("VmRSS") * 1024)
 
 
 def _private_bytes(pid: str) -> int:

@@ -19,7 +19,9 @@ that uid (`isolation.signal_uid`), which spares Z and L (root). That is safe in 
 inside a namespace can signal its init, while L could be signalled during the switch, so L asks
 Z to do it, unless the job process has exited and left nothing behind (`job.tree_gone`).
 Without root, jobs share Z's uid: L is not started and Z runs every job, killing with kill(-1)
-as PID 1 of the slot. If L fails to start, Z runs every job; if L dies, its job in flight
+as PID 1 of the slot. Without a PID namespace (a host that refuses namespaces) there is no PID 1
+of ours either: L is not started, Z becomes a child subreaper (a job's orphans come to it) and
+kills by walking its own tree (`job._kill_descendants`). If L fails to start, Z runs every job; if L dies, its job in flight
 answers `sandbox_error`, Z kills and reaps what is left, and starts a new L for the next light job.
 
 What it does not: no asyncio, no HTTP (see `sandboxd.pool` / `sandboxd.server`). The fork server
@@ -206,6 +208,9 @@ def _zygote_main(index: int, conn_fd: int, config: dict[str, Any], layers: Layer
         isolation.setup_slot_filesystem(layers, config["disk_mb"], _keep_paths())
     except OSError as exc:
         layers.warnings.append(f"filesystem isolation failed: {exc}")
+    if not layers.pid_namespace:
+        # NOTE: then no PID 1 of ours catches a job's orphans; as a subreaper we do
+        isolation.prctl(isolation.PR_SET_CHILD_SUBREAPER, 1)
     if layers.mode.startswith("root"):
         layers.active.append(f"per-slot uid {config['uid_base'] + index}")
     elif layers.mode == "userns":
