@@ -23,13 +23,16 @@ included; each of vLLM's sets its own SIGINT handler and stops on its own, mid-s
 traceback while the command shuts them down in order. `start_deaf_to_sigint(start)` runs `start`
 in a thread that blocks SIGINT; the processes it spawns inherit the blocked signal (the mask
 survives fork and exec, and a Python handler does not unblock it), so only the command sees
-Ctrl-C. They still stop on SIGTERM, which is how they are shut down (a vLLM worker ignores the
-SIGTERM sent to the whole job and is stopped by its engine core: vllm_sync_worker).
+Ctrl-C. They still stop on SIGTERM, which is how they are shut down, except vLLM's workers
+(`leave_sigterm_to_the_engine_core`): a SIGTERM to the whole job (`kill -TERM -PGID`, Slurm's
+`scancel`) also reaches them, and a worker that died on it mid-step, or while starting, made its
+engine core log a traceback. Their engine core handles it, ends its step and stops them in order.
 
 What it does not do: anything on a remote node (Ray kills a dead driver's actors itself), or
 handle SIGINT/SIGTERM beyond ending the wait for a start (the commands do). Linux only (/proc,
 prctl); elsewhere it does nothing. Tested in tests/unit/test_procguard.py,
-tests/integration/test_interrupts.py and test_rl_stage.py (Ctrl-C while the engine starts).
+tests/integration/test_interrupts.py and test_rl_stage.py (Ctrl-C or SIGTERM while the engine
+starts).
 """
 
 from __future__ import annotations
@@ -116,6 +119,28 @@ def guard_descendants() -> None:
     _guardian.stdin.write("".join(f"{p} {t}\n" for p, t in new).encode())
     _guardian.stdin.flush()
     _guarded.update(new)
+
+
+VLLM_WORKER_PREFIX = "VllmWorker-"  # vLLM's name for its workers' processes (multiproc executor)
+
+
+def leave_sigterm_to_the_engine_core() -> None:
+    """In a vLLM worker's process, ignore SIGTERM; anywhere else, do nothing.
+
+    Called on import of this package (a spawned process imports the parent's main module first,
+    so a worker ignores it from a few hundred milliseconds after its start on) and of the worker
+    extension (vllm_sync_worker: after vLLM's worker has set its own handler).
+    NOTE: a signal sent to the whole job reaches the engine core and its workers at once. vLLM's
+    worker raises SystemExit on it wherever it is, and its engine core, still waiting for the
+    step or for the worker to start, fails with a traceback. The engine core's own handler ends
+    the step first and then shuts its workers down through their parent-death pipe, waiting 5 s
+    before it kills them (its SIGTERM in between is ignored too), so the worker need not act on
+    the signal itself; if the engine core is killed outright, the same pipe ends the worker."""
+    import multiprocessing  # NOTE: here: the guardian never needs it
+
+    in_worker = multiprocessing.current_process().name.startswith(VLLM_WORKER_PREFIX)
+    if in_worker and threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
 def start_deaf_to_sigint(start: Callable[[], T]) -> T:

@@ -19,10 +19,8 @@ because vLLM refuses an extension whose names clash with the worker's own.
 Arguments arrive as plain dicts (`to_wire`): vLLM's RPC encodes them with msgpack.
 
 Importing it in a vLLM worker process (vLLM does, in each, while the worker starts) makes that
-worker ignore SIGTERM (`_workers_leave_sigterm_to_their_engine`): a `kill` or Slurm's `scancel`
-reaches every process of the job, and a worker that died on it mid-step made its engine core log
-a "RuntimeError: cancelled" traceback. The engine core handles it, ends its step and stops its
-workers in order (their parent-death pipe), and kills any that linger.
+worker ignore SIGTERM again (`procguard.leave_sigterm_to_the_engine_core`; vLLM's worker sets its
+own handler once it has started).
 
 Importing it drops one warning vLLM 0.32 logs on every in-place
 reload, "RotaryEmbedding: Failed to load weights": rotary caches are never in a checkpoint and the
@@ -36,11 +34,9 @@ Tested in tests/integration/test_vllm_engine.py (two real vLLM-CPU engines, gloo
 from __future__ import annotations
 
 import logging
-import multiprocessing
-import signal
-import threading
 from typing import Any
 
+from rstar2cli.procguard import leave_sigterm_to_the_engine_core
 from rstar2cli.scheduler import weight_sync as ws
 
 RELOAD_LOGGER = "vllm.model_executor.model_loader.reload.layerwise"
@@ -58,26 +54,9 @@ def _not_a_rotary_reload_warning(record: logging.LogRecord) -> bool:
     return not (record.msg == RELOAD_FAILED and args and str(args[0]).endswith("RotaryEmbedding"))
 
 
-WORKER_PROCESS_PREFIX = "VllmWorker-"  # vLLM's name for its workers' processes (multiproc executor)
-
-
-def _workers_leave_sigterm_to_their_engine() -> None:
-    """In a vLLM worker's process, ignore SIGTERM; anywhere else, do nothing.
-
-    NOTE: a signal sent to the whole job reaches the engine core and its workers at once. vLLM's
-    worker raises SystemExit on it wherever it is, mid-step, and its engine core, still waiting for
-    the step, fails with a traceback. The engine core's own handler ends the step first and then
-    shuts its workers down through their parent-death pipe, waiting 5 s and then killing (its
-    SIGTERM in between is ignored too), so the worker need not act on the signal itself. If its
-    engine core is killed outright, the same pipe ends it."""
-    in_worker = multiprocessing.current_process().name.startswith(WORKER_PROCESS_PREFIX)
-    if in_worker and threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
-
-
 # NOTE: this module is imported in every vLLM worker (worker_extension_cls) and by the engine
 logging.getLogger(RELOAD_LOGGER).addFilter(_not_a_rotary_reload_warning)
-_workers_leave_sigterm_to_their_engine()
+leave_sigterm_to_the_engine_core()  # NOTE: again: vLLM's worker set its own handler meanwhile
 
 
 class WeightSyncWorker:

@@ -19,9 +19,12 @@ something to choose from, and the update is not zero.
   the engine gets the checkpoint's weights before the first rollout after the resume. This test
   uses the transformers engine, whose per-request generators make samples independent of how
   requests are batched together.
-- test_ctrl_c_while_the_engine_starts_...: a terminal's Ctrl-C (SIGINT to the whole process group)
-  while the vLLM engine core starts: the engine never sees it (procguard.start_deaf_to_sigint),
-  the command abandons the start and stops in one line, exit 130, no traceback, nothing left.
+- test_a_stop_while_the_engine_starts_...: a terminal's Ctrl-C (SIGINT to the whole process group)
+  or `scancel` (SIGTERM to it) while the vLLM engine core's worker still starts (it ignores SIGTERM
+  a few hundred milliseconds after it appears; a SIGTERM before that still makes the engine core
+  log a traceback): the engine never sees a Ctrl-C (procguard.start_deaf_to_sigint), the worker ignores
+  SIGTERM (procguard.leave_sigterm_to_the_engine_core), the command abandons the start and stops
+  in one line, exit 130, no traceback, nothing left.
 - test_three_node_cluster_...: a Ray cluster of 3 nodes on this machine (two declaring GPUs);
   2 vLLM engine actors on different nodes + 2 DeepSpeed ZeRO-3 ranks (gloo), two steps; placement,
   disjoint GPU ids, and the broadcast sync's checksums against the final weights. Its second test
@@ -347,18 +350,41 @@ def test_kill_during_step_two_then_resume_matches(setup, uninterrupted):
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
 
 
-def test_ctrl_c_while_the_engine_starts_stops_in_one_line_and_leaves_nothing(setup):
+def _engine_worker_starting(pid: int) -> bool:
+    """Whether an engine core below `pid` has a worker that ignores SIGTERM already: a few
+    hundred milliseconds after it started, seconds before it is up (it still imports vLLM)."""
+    from rstar2cli.procguard import _stat_fields, descendants
+
+    below = descendants(pid)
+    cores = {p for p in below if "EngineCore" in cmdline(p)}
+    workers = [p for p in below if (f := _stat_fields(p)) is not None and int(f[1]) in cores]
+    return any(_ignores(w, signal.SIGTERM) for w in workers)
+
+
+def _ignores(pid: int, sig: signal.Signals) -> bool:
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+    ignored = next(ln for ln in status.splitlines() if ln.startswith("SigIgn:"))
+    return bool(int(ignored.split()[1], 16) >> (sig - 1) & 1)
+
+
+# NOTE: SIGTERM to the whole group is what `kill -TERM -PGID` and Slurm's scancel send; a vLLM
+# worker that died on it while starting made its engine core log a traceback
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_a_stop_while_the_engine_starts_stops_in_one_line_and_leaves_nothing(setup, sig):
     from rstar2cli.procguard import descendants
 
-    proc = _start(_cmd(setup, setup["root"] / "run_ctrl_c"))
+    proc = _start(_cmd(setup, setup["root"] / f"run_stop_{sig.name}"))
     try:
         deadline = time.monotonic() + 300
-        while not any("EngineCore" in cmdline(p) for p in descendants(proc.pid)):
+        while not _engine_worker_starting(proc.pid):
             assert proc.poll() is None, proc.communicate()[1][-3000:]
-            assert time.monotonic() < deadline, "no engine core started"
+            assert time.monotonic() < deadline, "no engine worker started"
             time.sleep(0.1)
         below = descendants(proc.pid)
-        os.killpg(proc.pid, signal.SIGINT)
+        os.killpg(proc.pid, sig)
         _, err = proc.communicate(timeout=300)
     finally:
         end_group(proc)
