@@ -143,6 +143,39 @@ def leave_sigterm_to_the_engine_core() -> None:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
+def ray_init(**kwargs: Any) -> None:
+    """`ray.init(**kwargs)` with the command's signal handling kept: SIGINT and SIGTERM stay the
+    command's to handle, and a local instance it starts leaves both to the command.
+
+    NOTE: three things in Ray took a SIGTERM away from the command: `ray.init` replaces the
+    SIGTERM handler with one that calls sys.exit(15) (no line, no exit 130); the driver's core
+    worker installs Abseil's failure signal handler, which on SIGTERM prints a native stack and
+    aborts (exit -6, actors left running); and a SIGTERM sent to the whole job (`kill -TERM
+    -PGID`) killed the local instance's GCS and raylet, after which the command waited 60 s for
+    them and exited 1. So the handlers the command set are put back, the failure handler is off
+    in this process only (Ray's constant, read when the core worker starts; its actors keep
+    theirs), and the local instance's processes start with SIGINT and SIGTERM blocked: they
+    inherit the mask of the thread that starts them (the calling one, whose mask is restored
+    after; not a helper thread, which Ray's processes would die with: Ray ties them to their
+    starting thread with PR_SET_PDEATHSIG), so only the command stops them, in order
+    (`ray.shutdown`, which kills what a SIGTERM does not stop)."""
+    import ray
+    import ray._private.ray_constants as ray_constants
+
+    ray_constants.RAY_DISABLE_FAILURE_SIGNAL_HANDLER = True
+    stops = (signal.SIGINT, signal.SIGTERM)
+    handlers = {sig: signal.getsignal(sig) for sig in stops}
+    in_main = threading.current_thread() is threading.main_thread()
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, set(stops))
+    try:
+        ray.init(**kwargs)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        for sig, handler in handlers.items():
+            if in_main and handler is not None:
+                signal.signal(sig, handler)
+
+
 def start_deaf_to_sigint(start: Callable[[], T]) -> T:
     """`start()`, run in a helper thread that blocks SIGINT, so every process it spawns starts with
     SIGINT blocked (see the module's docstring). The calling thread waits for it. A SIGINT or

@@ -314,14 +314,16 @@ def init_ray(address: str | None, num_actors: int) -> None:
     """
     import ray
 
+    from rstar2cli.procguard import ray_init
+
     if ray.is_initialized():
         return
     if address not in (None, "local"):
-        ray.init(address=address)
+        ray_init(address=address)
         return
     # NOTE: address="local" starts a new instance even when another process on this machine
     # runs one (address=None would join it, and then refuse num_cpus).
-    ray.init(
+    ray_init(
         address="local", num_cpus=max(os.cpu_count() or 1, num_actors), include_dashboard=False
     )
 

@@ -235,6 +235,7 @@ def start_ray_engines(
     engine is up (they start in parallel)."""
     import ray
 
+    from rstar2cli.procguard import ray_init
     from rstar2cli.scheduler.placement import (
         RayPlacement,
         check_paths_on_nodes,
@@ -243,7 +244,7 @@ def start_ray_engines(
     )
 
     if not ray.is_initialized():
-        ray.init(address=None if address == "local" else address)
+        ray_init(address=None if address == "local" else address)
     check_paths_on_nodes(sorted({s["model_path"] for s in settings}))  # one line if a node lacks it
     owned = placement is None
     if placement is None:

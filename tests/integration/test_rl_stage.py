@@ -25,6 +25,9 @@ something to choose from, and the update is not zero.
   log a traceback): the engine never sees a Ctrl-C (procguard.start_deaf_to_sigint), the worker ignores
   SIGTERM (procguard.leave_sigterm_to_the_engine_core), the command abandons the start and stops
   in one line, exit 130, no traceback, nothing left.
+- test_sigterm_to_the_whole_job_with_ray_ranks_...: SIGTERM to the whole group mid-run with two
+  trainer ranks on a local Ray instance: Ray leaves the signal to the command (procguard.ray_init),
+  which stops in one line, exit 130, nothing left.
 - test_three_node_cluster_...: a Ray cluster of 3 nodes on this machine (two declaring GPUs);
   2 vLLM engine actors on different nodes + 2 DeepSpeed ZeRO-3 ranks (gloo), two steps; placement,
   disjoint GPU ids, and the broadcast sync's checksums against the final weights. Its second test
@@ -396,6 +399,32 @@ def test_a_stop_while_the_engine_starts_stops_in_one_line_and_leaves_nothing(set
         -3000:
     ]
     assert "Traceback" not in err, err[-3000:]
+    assert [cmdline(p) for p in wait_dead(below, 30.0)] == []
+
+
+def test_sigterm_to_the_whole_job_with_ray_ranks_stops_in_one_line_and_leaves_nothing(setup):
+    """`scancel` or `kill -TERM -PGID` mid-run with two trainer ranks on a local Ray instance."""
+    from rstar2cli.procguard import descendants
+
+    out = setup["root"] / "run_ray_sigterm"
+    more = ["--set", "train.num_trainer_ranks=2", "--set", "train.num_steps=6"]
+    proc = _start(_cmd(setup, out) + more)
+    try:
+        deadline = time.monotonic() + 400
+        metrics = out / "metrics.jsonl"
+        while not (metrics.exists() and metrics.read_text().strip()):  # ranks and engine up
+            assert proc.poll() is None, proc.communicate()[1][-3000:]
+            assert time.monotonic() < deadline, "no metrics row written"
+            time.sleep(0.2)
+        below = descendants(proc.pid)
+        os.killpg(proc.pid, signal.SIGTERM)
+        _, err = proc.communicate(timeout=300)
+    finally:
+        end_group(proc)
+    lines = [ln for ln in err.splitlines() if ln.strip() and "interrupted" in ln]
+    assert proc.returncode == 130, err[-3000:]
+    assert lines and "rerun the same command to resume" in lines[-1], err[-3000:]
+    assert "Traceback" not in err and "SIGTERM received" not in err, err[-3000:]
     assert [cmdline(p) for p in wait_dead(below, 30.0)] == []
 
 
