@@ -21,8 +21,9 @@ Z to do it, unless the job process has exited and left nothing behind (`job.tree
 Without root, jobs share Z's uid: L is not started and Z runs every job, killing with kill(-1)
 as PID 1 of the slot. Without a PID namespace (a host that refuses namespaces) there is no PID 1
 of ours either: L is not started, Z becomes a child subreaper (a job's orphans come to it) and
-kills by walking its own tree (`job._kill_descendants`). If L fails to start, Z runs every job; if L dies, its job in flight
-answers `sandbox_error`, Z kills and reaps what is left, and starts a new L for the next light job.
+kills by walking its own tree (`job._kill_descendants`). If L fails to start, Z runs every job;
+if L dies, its job in flight answers `sandbox_error`, Z kills and reaps what is left, and starts
+a new L for the next light job.
 
 What it does not: no asyncio, no HTTP (see `sandboxd.pool` / `sandboxd.server`). The fork server
 is started with a scrubbed environment and only its socket as an open fd, so nothing the daemon

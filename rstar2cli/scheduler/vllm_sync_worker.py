@@ -22,9 +22,9 @@ Importing it in a vLLM worker process (vLLM does, in each, while the worker star
 worker ignore SIGTERM again (`procguard.leave_sigterm_to_the_engine_core`; vLLM's worker sets its
 own handler once it has started).
 
-Importing it drops one warning vLLM 0.32 logs on every in-place
-reload, "RotaryEmbedding: Failed to load weights": rotary caches are never in a checkpoint and the
-reload correctly keeps them (see `_not_a_rotary_reload_warning`).
+Importing it also drops one warning vLLM 0.32 logs on every in-place reload, "RotaryEmbedding:
+Failed to load weights": rotary caches are never in a checkpoint and the reload correctly keeps
+them (see `_not_a_rotary_reload_warning`).
 
 What it does not do: decide when to sync (the driver), reset the prefix cache (the engine does
 after the call returns), or touch sleep mode (the engine's own sleep/wake_up calls).

