@@ -253,3 +253,40 @@ def test_a_stop_signal_ends_the_wait_for_a_start_unless_the_command_ignores_it()
         finally:
             end_group(proc)
         assert out.split() == expected, (mode, out)
+
+
+# Like the `rstar2` script: the CLI imported at top level, so a spawned child imports it first.
+SPAWNER = textwrap.dedent(
+    """
+    import multiprocessing, signal, sys
+
+    from rstar2cli.cli import main  # noqa: F401
+
+    def report(queue):
+        queue.put(signal.getsignal(signal.SIGTERM) == signal.SIG_IGN)
+
+    if __name__ == "__main__":
+        ctx = multiprocessing.get_context("spawn")
+        queue = ctx.Queue()
+        for name in sys.argv[1:]:
+            child = ctx.Process(target=report, args=(queue,), name=name)
+            child.start()
+            print(name, queue.get(timeout=60), flush=True)
+            child.join()
+    """
+)
+
+
+def test_only_a_vllm_worker_process_ignores_sigterm_from_its_start(tmp_path):
+    script = tmp_path / "spawner.py"
+    script.write_text(SPAWNER)
+    names = ["VllmWorker-0", "EngineCore", "SpawnProcess-3"]
+    out = subprocess.run(
+        [sys.executable, str(script), *names], capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.splitlines() == [
+        "VllmWorker-0 True",
+        "EngineCore False",
+        "SpawnProcess-3 False",
+    ]
