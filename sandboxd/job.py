@@ -633,8 +633,7 @@ def tree_gone(pid: int) -> bool:
 
 
 def _children() -> set[int]:
-    with open(f"/proc/self/task/{os.getpid()}/children") as f:
-        return {int(pid) for pid in f.read().split()}
+    return set(_children_of(os.getpid()))
 
 
 def _decode(data: bytes, limit: int) -> str:

@@ -97,3 +97,13 @@ def alive(pid: int) -> bool:
     except OSError:
         return False
     return state != "Z"  # a zombie is dead
+
+
+def signal_set(pid: int, field: str) -> set[int]:
+    """The signals in `field` ("SigBlk", "SigIgn", ...) of /proc/PID/status; empty once gone."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return set()
+    mask = int(next(ln for ln in status.splitlines() if ln.startswith(field + ":")).split()[1], 16)
+    return {sig for sig in range(1, 65) if mask >> (sig - 1) & 1}

@@ -45,7 +45,7 @@ import time
 from pathlib import Path
 
 import pytest
-from clihelpers import cmdline, end_group, kill_9_alone, wait_dead
+from clihelpers import cmdline, end_group, kill_9_alone, signal_set, wait_dead
 
 REPO = Path(__file__).resolve().parents[2]
 PROBLEMS = [
@@ -356,21 +356,10 @@ def test_kill_during_step_two_then_resume_matches(setup, uninterrupted):
 def _engine_worker_starting(pid: int) -> bool:
     """Whether an engine core below `pid` has a worker that ignores SIGTERM already: a few
     hundred milliseconds after it started, seconds before it is up (it still imports vLLM)."""
-    from rstar2cli.procguard import _stat_fields, descendants
+    from rstar2cli.procguard import descendants
 
-    below = descendants(pid)
-    cores = {p for p in below if "EngineCore" in cmdline(p)}
-    workers = [p for p in below if (f := _stat_fields(p)) is not None and int(f[1]) in cores]
-    return any(_ignores(w, signal.SIGTERM) for w in workers)
-
-
-def _ignores(pid: int, sig: signal.Signals) -> bool:
-    try:
-        status = Path(f"/proc/{pid}/status").read_text()
-    except OSError:
-        return False
-    ignored = next(ln for ln in status.splitlines() if ln.startswith("SigIgn:"))
-    return bool(int(ignored.split()[1], 16) >> (sig - 1) & 1)
+    cores = [p for p in descendants(pid) if "EngineCore" in cmdline(p)]
+    return any(signal.SIGTERM in signal_set(w, "SigIgn") for c in cores for w in descendants(c))
 
 
 # NOTE: SIGTERM to the whole group is what `kill -TERM -PGID` and Slurm's scancel send; a vLLM

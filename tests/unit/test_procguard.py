@@ -9,7 +9,7 @@ import sys
 import textwrap
 import time
 
-from clihelpers import alive, end_group, wait_dead
+from clihelpers import alive, end_group, signal_set, wait_dead
 
 from rstar2cli import procguard
 
@@ -214,10 +214,7 @@ def test_processes_started_deaf_to_sigint_outlive_a_ctrl_c_that_the_command_stil
         assert wait_dead([int(plain)], 10.0) == []  # sleep dies of SIGINT by default
         time.sleep(0.5)
         assert alive(int(deaf))
-        sigblk = next(
-            ln for ln in open(f"/proc/{deaf}/status").read().splitlines() if ln.startswith("SigBlk")
-        )
-        assert int(sigblk.split()[1], 16) & (1 << (signal.SIGINT - 1))
+        assert signal.SIGINT in signal_set(int(deaf), "SigBlk")
         assert _kill_and_wait(parent, [int(deaf)]) == []  # and it still dies with the command
     finally:
         end_group(parent)
