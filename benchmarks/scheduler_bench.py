@@ -54,18 +54,28 @@
     `--sim-order hard-first` and `easy-last`, which replay the groups ordered in hindsight)
     crowds the KV with long contexts early and every batch shrinks; gathering the long ones on
     tail engines (kv-tail) slows them (their contexts dominate a step) and takes engines from the
-    bulk of the work, and moves cost a re-prefill each. Perfect prediction does not help either:
-    `--sim-oracle` reruns both told every trajectory's true length, and at 1/4 scale on the H100
-    (16 engines, 128 prompts, seed 0) they took 355.7 and 363.6 s against kv-incremental's 340.0 s
-    (half the trajectories done only at 261 s against 99 s: the long contexts fill the KV). On
-    the H100 the trajectories that finish last are mostly a prompt's outliers (a sample several
-    times longer than its siblings, so started late with the short prompts), which no sibling
-    predicts. The full-load path (`full_load_path_s`, printed per seed) puts a number on the
-    tension: at the work bound's batch and KV an H100 decode step costs 33.5 ms, so an 8K
-    trajectory needs ~275 s there, 1.16-1.22x the work bound on seeds 0-2 (MI300X: a batch of
-    256 reading ~590K context tokens, 50 ms a step, 3.6-3.8x). A schedule near the work bound
-    keeps its engines that full, and then its slowest trajectories alone miss a 1.15x target;
-    finishing them sooner means running their engines lighter, which the work bound does not pay.
+    bulk of the work, and moves cost a re-prefill each. Perfect prediction alone does not help
+    either: `--sim-oracle` reruns both told every trajectory's true length, and at 1/4 scale on the
+    H100 (16 engines, 128 prompts, seed 0) they took 355.7 and 363.6 s against kv-incremental's
+    340.0 s (half the trajectories done only at 261 s against 99 s: the long contexts fill the KV).
+    It pays only with a start rule that keeps free the KV the started trajectories will grow into
+    (`hindsight_peak`: the longest first, each where the projected KV peak stays under 0.9 of the
+    KV): the row `kv-peak (oracle)` holds 0.87-0.90 of the KV from the fourth tenth to the eighth
+    (kv-incremental: 0.84-0.89 to the sixth, then 0.67-0.71, 0.42-0.46), has 3-6% of the makespan
+    after t90 (kv-incremental: 32-33%), and took 286.6 / 267.2 / 270.8 s on seeds 0-2 at 1/4 scale,
+    1.153 / 1.167 / 1.179x max(work bound, critical path) and 1.28 / 1.22 / 1.25x over
+    least-requests (kv-incremental: 340.0 / 324.8 / 324.9 s, 1.367 / 1.419 / 1.415x). Even that
+    misses target 1, and what it needs is each trajectory's own length: told only its prompt's mean
+    true length (`kv-peak (prompt oracle)`, more than siblings tell, since they tell it only once
+    one is done), the same rule took 359.1 / 317.4 / 317.4 s. On the H100 the trajectories that
+    finish last are mostly a prompt's outliers (a sample several times longer than its siblings, so
+    started late with the short prompts), which no sibling predicts. The full-load path
+    (`full_load_path_s`, printed per seed) puts a number on the tension: at the work bound's batch
+    and KV an H100 decode step costs 33.5 ms, so an 8K trajectory needs ~275 s there, 1.16-1.22x the
+    work bound on seeds 0-2 (MI300X: a batch of 256 reading ~590K context tokens, 50 ms a step,
+    3.6-3.8x). A schedule near the work bound keeps its engines that full, and then its slowest
+    trajectories alone miss a 1.15x target; finishing them sooner means running their engines
+    lighter, which the work bound does not pay.
     The batching bound (`batching_bound_s`, printed per seed, a true lower bound) charges that
     price: each trajectory can share its steps only as far as it still finishes by T, and the
     fixed cost of the steps it cannot share comes out of the engines' capacity. On the MI300X it
@@ -90,6 +100,8 @@
     python benchmarks/scheduler_bench.py --part b --sim-seeds 0  # one workload (default: seeds 0,1,2)
     python benchmarks/scheduler_bench.py --part b --json b.json  # every number also to b.json
     python benchmarks/scheduler_bench.py --part b --sim-oracle   # + rows told every true length
+    python benchmarks/scheduler_bench.py --part b --sim-gpu h100 --sim-engines 16 --sim-prompts 128 \
+        --policies kv-incremental,least-requests --sim-oracle --sim-partial none  # the kv-peak rows
     python benchmarks/scheduler_bench.py --part b --sim-spec 0.5  # engines speculate at batch <= 32
 """
 
@@ -625,8 +637,10 @@ def main() -> None:
     ap.add_argument(
         "--sim-oracle",
         action="store_true",
-        help="(b): also run kv-predicted and kv-tail told every trajectory's true length "
-        "(hindsight rows: what perfect length prediction would buy; not checked as targets)",
+        help="(b): also run kv-predicted and kv-tail told every trajectory's true length, and "
+        "kv-incremental with its starts made by hindsight (`hindsight_peak`), told each "
+        "trajectory's true length or its prompt's mean (what length prediction would buy; not "
+        "checked as targets)",
     )
     ap.add_argument(
         "--sim-step-tokens", type=int, default=1024, help="kv per_turn/incremental step (b)"

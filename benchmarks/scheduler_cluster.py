@@ -41,6 +41,9 @@ TARGETS = {
 CANDIDATES = ("kv-incremental", "kv-predicted", "kv-tail")
 # the rows `--sim-oracle` repeats with every true length known (hindsight, never a target row)
 ORACLE_ROWS = ("kv-predicted", "kv-tail")
+# and kv-incremental with its trajectories started by hindsight (`hindsight_peak`), told each
+# trajectory's true length or only its prompt's mean
+PEAK_ROWS = {"trajectory": "kv-peak (oracle)", "prompt": "kv-peak (prompt oracle)"}
 
 
 def run_sims(args, cost) -> None:
@@ -88,11 +91,14 @@ def run_sim(args, cost, seed: int) -> list[dict]:
     full_load = full_load_path_s(
         work, args.sim_kv_tokens, args.sim_max_response, cost, args.sim_max_seqs
     )
-    runs = [(name, name, False) for name in _selected(args)]
+    runs = [(name, name, {}) for name in _selected(args)]
     if args.sim_oracle:  # what-if rows: the same policies told every true length
-        runs += [(f"{n} (oracle)", n, True) for n in ORACLE_ROWS if n in _selected(args)]
+        runs += [
+            (f"{n} (oracle)", n, {"oracle": True}) for n in ORACLE_ROWS if n in _selected(args)
+        ]
+        runs += [(row, "kv-incremental", {"peak_oracle": k}) for k, row in PEAK_ROWS.items()]
     results = {}
-    for label, name, oracle in runs:
+    for label, name, hindsight in runs:
         config = _sched_config(args, name, args.sim_max_seqs)
         start = time.perf_counter()
         results[label] = simulate(
@@ -103,7 +109,7 @@ def run_sim(args, cost, seed: int) -> list[dict]:
             args.sim_max_response,
             cost,
             args.sim_max_seqs,
-            oracle=oracle,
+            **hindsight,
         )
         wall_s = time.perf_counter() - start
         print(

@@ -70,6 +70,10 @@ from rstar2cli.scheduler.engines import SPECULATIVE_MAX_BATCH  # noqa: E402
 from rstar2cli.scheduler.predict import SiblingLengths  # noqa: E402
 from rstar2cli.scheduler.scheduler import Scheduler, SchedulerConfig, Status  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import hindsight_peak  # noqa: E402
+
 MAX_MACRO_STEPS = 32
 
 
@@ -356,6 +360,7 @@ def simulate(
     stop_after_groups: int | None = None,
     oracle: bool = False,
     drain: bool = False,
+    peak_oracle: str | None = None,
 ) -> SimResult:
     """Play `workload` through the real `Scheduler` on `num_engines` simulated engines until
     every trajectory finished, or, with `stop_after_groups`, until that many prompt groups have
@@ -366,10 +371,20 @@ def simulate(
     tokens made so far.
     `oracle`: the scheduler is told every trajectory's true length (`OracleLengths`), each one
     its own group, so `predicted` admission starts the longest trajectories first and tail
-    engines take exactly the long ones: what perfect prediction would buy, not a policy."""
+    engines take exactly the long ones: what perfect prediction would buy, not a policy.
+    `peak_oracle`: new trajectories start by hindsight (`hindsight_peak.PeakAdmission`: the
+    truly longest first, where the KV they will need is projected to stay free), told every
+    trajectory's own true length (`trajectory`) or its prompt's mean (`prompt`)."""
     run = _Run(
         workload, config, num_engines, capacity_tokens, max_response, cost, max_num_seqs, oracle
     )
+    if peak_oracle is not None:
+        final = hindsight_peak.told_final_tokens(
+            [(t.prompt_tokens, t.group) for t in run.trajs], run.true_tokens, peak_oracle
+        )
+        limit = int(hindsight_peak.KV_FRACTION * capacity_tokens)
+        # NOTE: a reference run, not a policy: it takes over the scheduler's start of trajectories
+        run.sched._admit_kv = hindsight_peak.PeakAdmission(run.sched, final, limit).admit
     run.stop_after_groups, run.drain = stop_after_groups, drain
     run.go()
     return run.result()
@@ -386,14 +401,12 @@ class _Run:
         self.trajs = [_fresh_copy(t) for t in workload]
         self.budget = [_budget(t, max_response) for t in self.trajs]
         self.now = 0.0
-        lengths = None
-        if oracle:
-            lengths = OracleLengths(
-                [
-                    sum(n + chunk for _, n, _, chunk in _turns(t, b))
-                    for t, b in zip(self.trajs, self.budget, strict=True)
-                ]
-            )
+        # every trajectory's true response tokens, tool answers included (hindsight runs only)
+        self.true_tokens = [
+            sum(n + chunk for _, n, _, chunk in _turns(t, b))
+            for t, b in zip(self.trajs, self.budget, strict=True)
+        ]
+        lengths = OracleLengths(self.true_tokens) if oracle else None
         self.sched = Scheduler(
             [capacity_tokens] * num_engines, config, clock=lambda: self.now, lengths=lengths
         )

@@ -16,6 +16,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
+from hindsight_peak import EnginePeak, told_final_tokens  # noqa: E402
 from partial_rollout import simulate_partial  # noqa: E402
 from scheduler_bench import POLICIES  # noqa: E402
 from scheduler_sim import (  # noqa: E402
@@ -128,6 +129,46 @@ def test_an_oracle_run_starts_the_truly_longest_first():
     assert blind.last_own_s == pytest.approx(own["long"])
     assert oracle.last_own_s == pytest.approx(own["short"])
     assert oracle.last_start_s == pytest.approx(own["long"])
+
+
+def test_the_projected_peak_is_the_kv_held_just_before_a_trajectory_ends():
+    # (tokens to go, context now): after t steps the engine holds sum(c + t) over those with
+    # more than t to go. Just before t = 4: 100 + 4 + 50 + 4 = 158; before t = 10: 110.
+    peak = EnginePeak([(4, 50), (10, 100)])
+    assert peak.peak() == 158
+    # one more with 6 to go and context 20: before t = 4 all three hold 100 + 20 + 50 + 3 x 4
+    # = 182; before t = 6 two of them, 100 + 20 + 2 x 6 = 132; before t = 10, 110
+    assert peak.with_one(6, 20) == 182
+    # a newcomer that ends before the 4-token one is done: 100 + 50 + 20 + 3 r for r < 4, and
+    # from r = 4 on it holds its KV through the old peak: 182 whatever r
+    assert [peak.with_one(r, 20) for r in (0, 3, 4, 50)] == [170, 179, 182, 182]
+    assert peak.max_r(20, limit=181, max_r=100) == 3
+    assert peak.max_r(20, limit=182, max_r=100) == 100
+    assert peak.max_r(20, limit=169, max_r=100) == -1
+    assert EnginePeak([]).with_one(7, 30) == 37
+
+
+def test_the_hindsight_admission_is_told_each_trajectorys_length_or_its_prompts_mean():
+    trajs = [(100, "a"), (200, "a"), (50, "b")]  # (prompt tokens, group)
+    true = [10, 30, 7]  # response tokens
+    assert told_final_tokens(trajs, true, "trajectory") == {0: 110, 1: 230, 2: 57}
+    assert told_final_tokens(trajs, true, "prompt") == {0: 120, 1: 220, 2: 57}  # a's mean: 20
+    with pytest.raises(ValueError, match="unknown knowledge"):
+        told_final_tokens(trajs, true, "group")
+
+
+def test_a_peak_oracle_run_starts_the_truly_longest_first_and_holds_its_kv_under_the_limit():
+    """One engine of 1000 KV tokens, so the hindsight admission projects to at most 900 (0.9).
+    The 600-token trajectory starts first; the 50-token one fits beside it (peak 100 + 100 +
+    2 x 50 = 300, then 700), the 500-token one does not (100 + 100 + 2 x 500 = 1200) and starts
+    only once the 600-token one is done. Blind, all three start at once and fill the KV."""
+    work = [SimTraj(100, [50], [], []), SimTraj(100, [600], [], []), SimTraj(100, [500], [], [])]
+    blind = simulate(work, config(), 1, 1000, 800, COST)
+    peak = simulate(work, config(), 1, 1000, 800, COST, peak_oracle="trajectory")
+    assert blind.last_start_s == 0 and blind.peak_kv_use == 1.0
+    assert peak.peak_kv_use <= 0.9
+    assert peak.last_own_s == pytest.approx(0.1 + 500 * 0.01)  # the 500-token one ends last
+    assert peak.last_start_s == pytest.approx(peak.finish_s[1])  # when the 600-token one ended
 
 
 def test_the_full_load_path_runs_every_step_at_the_work_bounds_batch_and_kv():
@@ -256,3 +297,18 @@ def test_part_b_writes_each_runs_batching_bound_and_says_whether_target_1_can_be
     for run in runs:
         assert run["critical_path_s"] <= run["batching_bound_s"] <= run["makespan_s"]
     assert "target 1 against the batching bound: per seed, no schedule goes below" in done.stdout
+
+
+def test_sim_oracle_adds_the_hindsight_start_rows(tmp_path):
+    out = tmp_path / "b.json"
+    bench = Path(__file__).resolve().parents[2] / "benchmarks" / "scheduler_bench.py"
+    small = "--sim-gpu h100 --sim-engines 2 --sim-prompts 8 --sim-samples 8 --sim-seeds 0"
+    subprocess.run(
+        [sys.executable, str(bench), "--part", "b", *small.split(), "--policies",
+         "kv-incremental", "--sim-oracle", "--sim-partial", "none", "--json", str(out)],
+        capture_output=True, text=True, timeout=120, check=True,
+    )  # fmt: skip
+    runs = {run["policy"]: run for run in json.loads(out.read_text())["runs"]}
+    assert set(runs) == {"kv-incremental", "kv-peak (oracle)", "kv-peak (prompt oracle)"}
+    for run in runs.values():
+        assert run["batching_bound_s"] <= run["makespan_s"]
