@@ -53,10 +53,12 @@ def told_final_tokens(
         raise ValueError(f"unknown knowledge {knows!r}; choose one of {', '.join(KNOWS)}")
     told = list(true_tokens)
     if knows == "prompt":
+        # a trajectory without a group is a group of its own, as in the scheduler
+        groups = [(k,) if g is None else g for k, (_, g) in enumerate(trajs)]
         by_group: dict[Hashable, list[int]] = {}
-        for (_, group), n in zip(trajs, true_tokens, strict=True):
+        for group, n in zip(groups, true_tokens, strict=True):
             by_group.setdefault(group, []).append(n)
-        told = [sum(by_group[g]) // len(by_group[g]) for _, g in trajs]
+        told = [sum(by_group[g]) // len(by_group[g]) for g in groups]
     return {k: prompt + n for k, ((prompt, _), n) in enumerate(zip(trajs, told, strict=True))}
 
 

@@ -149,10 +149,12 @@ def test_the_projected_peak_is_the_kv_held_just_before_a_trajectory_ends():
 
 
 def test_the_hindsight_admission_is_told_each_trajectorys_length_or_its_prompts_mean():
-    trajs = [(100, "a"), (200, "a"), (50, "b")]  # (prompt tokens, group)
-    true = [10, 30, 7]  # response tokens
-    assert told_final_tokens(trajs, true, "trajectory") == {0: 110, 1: 230, 2: 57}
-    assert told_final_tokens(trajs, true, "prompt") == {0: 120, 1: 220, 2: 57}  # a's mean: 20
+    trajs = [(100, "a"), (200, "a"), (50, "b"), (10, None), (10, None)]  # (prompt, group)
+    true = [10, 30, 7, 4, 8]  # response tokens
+    told = {0: 110, 1: 230, 2: 57, 3: 14, 4: 18}
+    assert told_final_tokens(trajs, true, "trajectory") == told
+    # a's mean is 20; with no group, each is its own
+    assert told_final_tokens(trajs, true, "prompt") == {**told, 0: 120, 1: 220}
     with pytest.raises(ValueError, match="unknown knowledge"):
         told_final_tokens(trajs, true, "group")
 
