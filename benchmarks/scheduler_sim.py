@@ -66,13 +66,11 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import hindsight_peak  # noqa: E402
+
 from rstar2cli.scheduler.engines import SPECULATIVE_MAX_BATCH  # noqa: E402
 from rstar2cli.scheduler.predict import SiblingLengths  # noqa: E402
 from rstar2cli.scheduler.scheduler import Scheduler, SchedulerConfig, Status  # noqa: E402
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import hindsight_peak  # noqa: E402
 
 MAX_MACRO_STEPS = 32
 
@@ -380,7 +378,7 @@ def simulate(
     )
     if peak_oracle is not None:
         final = hindsight_peak.told_final_tokens(
-            [(t.prompt_tokens, t.group) for t in run.trajs], run.true_tokens, peak_oracle
+            [(t.prompt_tokens, t.group) for t in run.trajs], run.true_tokens(), peak_oracle
         )
         limit = int(hindsight_peak.KV_FRACTION * capacity_tokens)
         # NOTE: a reference run, not a policy: it takes over the scheduler's start of trajectories
@@ -401,12 +399,7 @@ class _Run:
         self.trajs = [_fresh_copy(t) for t in workload]
         self.budget = [_budget(t, max_response) for t in self.trajs]
         self.now = 0.0
-        # every trajectory's true response tokens, tool answers included (hindsight runs only)
-        self.true_tokens = [
-            sum(n + chunk for _, n, _, chunk in _turns(t, b))
-            for t, b in zip(self.trajs, self.budget, strict=True)
-        ]
-        lengths = OracleLengths(self.true_tokens) if oracle else None
+        lengths = OracleLengths(self.true_tokens()) if oracle else None
         self.sched = Scheduler(
             [capacity_tokens] * num_engines, config, clock=lambda: self.now, lengths=lengths
         )
@@ -430,6 +423,13 @@ class _Run:
         self.last_ctx: dict[int, int] = {}  # its context when that request returned
         self.num_moved_tokens = 0  # contexts re-prefilled because their trajectory moved
         self.num_tokens = 0
+
+    def true_tokens(self) -> list[int]:
+        """Every trajectory's true response tokens, tool answers included (hindsight runs)."""
+        return [
+            sum(n + chunk for _, n, _, chunk in _turns(t, b))
+            for t, b in zip(self.trajs, self.budget, strict=True)
+        ]
 
     def go(self) -> None:
         self.dispatch()
