@@ -108,9 +108,21 @@ def ds_config(zero_stage: int, bf16: bool, grad_clip: float, world: int) -> dict
         "zero_optimization": zero,
         "zero_allow_untested_optimizer": True,  # a torch AdamW object (DeepSpeed's compiles ~40 s)
         "bf16": {"enabled": bf16},
+        **_accumulation(zero_stage, bf16),
         "steps_per_print": 10**9,
         "wall_clock_breakdown": False,
     }
+
+
+def _accumulation(zero_stage: int, bf16: bool) -> dict[str, Any]:
+    """bf16 under ZeRO 1-3: gradients accumulate in fp32 across micro-batches (DeepSpeed's default
+    is the model's dtype, so a step of many micro-batches summed in bf16 lost precision).
+    NOTE: ZeRO-0 has no fp32 accumulation for bf16 (DeepSpeed raises NotImplementedError for the
+    mix) and keeps bf16 gradients; the recipes at scale use ZeRO-3. Whether the fp32 buffers are
+    in effect on a GPU is checked by tests/gpu/smoke.py (stage "train")."""
+    if bf16 and zero_stage >= 1:
+        return {"data_types": {"grad_accum_dtype": "fp32"}}
+    return {}
 
 
 def build_engine(spec: EngineSpec, world: int, lr_lambda: Callable[[int], float]) -> Any:
@@ -314,7 +326,9 @@ def rng_state() -> dict[str, Any]:
         "numpy": np.random.get_state(),
         "torch": torch.get_rng_state(),
     }
-    if torch.cuda.is_available():
+    # NOTE: only where CUDA is already up: the rl-stage driver does no CUDA work, and reading the
+    # state would create a context on a GPU that an engine or trainer rank has budgeted
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
 

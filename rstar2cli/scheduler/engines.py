@@ -85,8 +85,9 @@ class SamplingSpec:
 class GenOutput:
     """What one generate call produced.
 
-    `logprobs[i]` is the log-probability of `token_ids[i]` under the model's own distribution
-    (before temperature/top-p), or None when not asked for.
+    `logprobs[i]` is the log-probability of `token_ids[i]` under the distribution it was drawn
+    from (after temperature and top-p; greedy: the raw logits'), or None when not asked for.
+    A remote endpoint reports what its server is set to (vLLM serve: `--logprobs-mode`).
     """
 
     token_ids: list[int]
@@ -215,12 +216,18 @@ def _local_devices(
 def _gpu_settings(
     kind: str, tensor_parallel_size: int, devices: tuple[int, ...], share: float, colocated: bool
 ) -> dict[str, Any]:
-    """The placement arguments each engine kind takes (the HF engine: one device)."""
+    """The placement arguments each engine kind takes (the HF engine: one device, this
+    process's index; a vLLM engine: the physical ids its processes are confined to)."""
     if kind == "hf":
         return {"device": f"cuda:{devices[0]}"} if devices else {}
+    import os
+
+    from rstar2cli.scheduler.placement import on_rocm, physical_gpu_ids
+
+    physical = physical_gpu_ids(devices, os.environ, on_rocm()) if devices else ()
     return {
         "tensor_parallel_size": tensor_parallel_size,
-        "devices": devices,
+        "devices": physical,
         "gpu_memory_utilization": share,
         "colocated": colocated,
     }

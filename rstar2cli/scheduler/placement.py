@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import os
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -92,8 +92,56 @@ def devices_beside_trainer(num_visible: int) -> list[int] | None:
 
 
 def _cuda_env() -> str:
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    return "" if visible is None else f" (CUDA_VISIBLE_DEVICES={visible})"
+    names = ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES")
+    shown = [f"{n}={os.environ[n]}" for n in names if n in os.environ]
+    return f" ({', '.join(shown)})" if shown else ""
+
+
+def physical_gpu_ids(
+    logical: Sequence[int], environ: Mapping[str, str], rocm: bool
+) -> tuple[str, ...]:
+    """The ids to write into an engine's CUDA_VISIBLE_DEVICES for GPUs this process numbers
+    0..N-1 (torch's indices): the entries of the visibility variable it inherited (which may be
+    physical numbers, GPU-/MIG- UUIDs), else the indices themselves. With `4,5,6,7` inherited,
+    logical 0 is "4"; written unmapped it would be another job's GPU 0. On ROCm,
+    HIP_VISIBLE_DEVICES counts too; set to a different list than CUDA_VISIBLE_DEVICES, vLLM
+    refuses to start, so that is one line here."""
+    cuda = environ.get("CUDA_VISIBLE_DEVICES")
+    hip = environ.get("HIP_VISIBLE_DEVICES") if rocm else None
+    if cuda is not None and hip is not None and _ids(cuda) != _ids(hip):
+        raise UserError(
+            f"CUDA_VISIBLE_DEVICES={cuda} and HIP_VISIBLE_DEVICES={hip} name different GPUs; "
+            "vLLM on ROCm needs them equal: set one of them"
+        )
+    visible = cuda if cuda is not None else hip
+    if visible is None:
+        return tuple(str(d) for d in logical)
+    inherited = _ids(visible)
+    missing = [d for d in logical if not 0 <= d < len(inherited)]
+    if missing:
+        raise UserError(
+            f"GPU(s) {', '.join(map(str, missing))} asked for, but only {len(inherited)} are "
+            f"visible{_cuda_env()}"
+        )
+    return tuple(inherited[d] for d in logical)
+
+
+def _ids(visible: str) -> list[str]:
+    return [v.strip() for v in visible.split(",") if v.strip()]
+
+
+def visibility_env(ids: Sequence[str], rocm: bool) -> dict[str, str]:
+    """The variables that confine an engine's processes to `ids` (physical ids or UUIDs): both
+    on ROCm (vLLM copies HIP_VISIBLE_DEVICES into CUDA_VISIBLE_DEVICES and raises when they
+    differ), CUDA_VISIBLE_DEVICES elsewhere."""
+    value = ",".join(ids)
+    return {"CUDA_VISIBLE_DEVICES": value} | ({"HIP_VISIBLE_DEVICES": value} if rocm else {})
+
+
+def on_rocm() -> bool:
+    import torch
+
+    return getattr(torch.version, "hip", None) is not None
 
 
 def cpu_thread_binding(tensor_parallel_size: int, cores: Sequence[int]) -> str:
@@ -110,13 +158,13 @@ def cpu_thread_binding(tensor_parallel_size: int, cores: Sequence[int]) -> str:
 
 
 @contextmanager
-def engine_env(devices: Sequence[int], tensor_parallel_size: int, on_gpu: bool) -> Iterator[None]:
-    """The environment an engine's processes start with (they inherit it): CUDA_VISIBLE_DEVICES =
-    `devices` when given; on a CPU with tensor parallelism, a thread binding per worker (unless
-    one is set already)."""
+def engine_env(devices: Sequence[str], tensor_parallel_size: int, on_gpu: bool) -> Iterator[None]:
+    """The environment an engine's processes start with (they inherit it): the GPUs `devices`
+    (physical ids: `physical_gpu_ids`, or Ray's) when given (`visibility_env`); on a CPU with
+    tensor parallelism, a thread binding per worker (unless one is set already)."""
     updates: dict[str, str] = {}
     if devices:
-        updates["CUDA_VISIBLE_DEVICES"] = ",".join(str(d) for d in devices)
+        updates |= visibility_env([str(d) for d in devices], on_rocm())
     if not on_gpu and tensor_parallel_size > 1 and "VLLM_CPU_OMP_THREADS_BIND" not in os.environ:
         cores = sorted(os.sched_getaffinity(0))
         updates["VLLM_CPU_OMP_THREADS_BIND"] = cpu_thread_binding(tensor_parallel_size, cores)
@@ -208,10 +256,11 @@ def _bundles(count: int, cpus: float, gpus: float) -> tuple[dict[str, float], ..
 
 
 def colocated_devices(
-    plan: BundlePlan, trainer_gpu_ids: Sequence[Sequence[int]]
-) -> list[tuple[int, ...]]:
-    """Colocated: each engine runs on the GPUs Ray gave the trainer ranks of its bundle."""
-    out: list[tuple[int, ...]] = []
+    plan: BundlePlan, trainer_gpu_ids: Sequence[Sequence[str]]
+) -> list[tuple[str, ...]]:
+    """Colocated: each engine runs on the GPUs Ray gave the trainer ranks of its bundle (Ray's
+    ids: the node's physical ids or UUIDs, written into the engine's environment as they are)."""
+    out: list[tuple[str, ...]] = []
     for engine in plan.engines:
         ids = [
             g
@@ -250,7 +299,7 @@ class RayPlacement:
     plan: BundlePlan
     groups: list[Any] = field(default_factory=list)
     # colocated: the GPU ids each engine runs on (its bundle's trainer ranks'); else empty
-    engine_devices: list[tuple[int, ...]] = field(default_factory=list)
+    engine_devices: list[tuple[str, ...]] = field(default_factory=list)
 
     @classmethod
     def reserve(cls, plan: BundlePlan, timeout_s: float = PLACEMENT_TIMEOUT_S) -> RayPlacement:
@@ -306,7 +355,9 @@ def where_am_i() -> dict[str, Any]:
 
     return {
         "node_id": ray.get_runtime_context().get_node_id(),
-        "gpu_ids": [int(g) for g in ray.get_gpu_ids()],
+        # NOTE: strings: Ray returns the entries of the node's CUDA_VISIBLE_DEVICES, which may be
+        # GPU-/MIG- UUIDs
+        "gpu_ids": [str(g) for g in ray.get_gpu_ids()],
     }
 
 

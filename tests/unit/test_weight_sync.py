@@ -151,3 +151,89 @@ def test_the_reload_drops_only_vllms_rotary_cache_warning():
         "QKVParallelLinear: Failed to load weights",
         "RotaryEmbedding: Delayed processing",
     ]
+
+
+def test_probe_runs_when_the_group_is_made():
+    """Two members in one process (threads): open_group returns only after rank 0's probe
+    value reached rank 1, i.e. the group has carried one broadcast before any sync."""
+    import threading
+
+    address = ws.GroupAddress("127.0.0.1", ws.free_port(), 2, "gloo")
+    groups: dict[int, object] = {}
+    member = threading.Thread(target=lambda: groups.update({1: ws.open_group(address, 1, 30)}))
+    member.start()
+    groups[0] = ws.open_group(address, 0, timeout_s=30)
+    member.join(timeout=30)
+    assert sorted(groups) == [0, 1]
+    # rank 0 sends 2; a member expecting 3 (a group of another size) is refused
+    sender = threading.Thread(target=ws.probe, args=(groups[0], 2, "cpu"))
+    sender.start()
+    try:
+        with pytest.raises(RuntimeError, match=r"received 2, expected 3"):
+            ws.probe(groups[1], 3, "cpu")
+    finally:
+        sender.join(timeout=30)
+
+
+class _OneTensorTrainers:
+    """The trainer side of rl/sync.py's protocol for one tensor, joining a real transfer group."""
+
+    def __init__(self):
+        import torch
+
+        self.weights = {"w": torch.arange(4.0)}
+
+    def on_gpu(self) -> bool:
+        return True  # as on a GPU node: the backend chosen is NCCL
+
+    def weight_group_address(self, world_size: int, backend: str) -> ws.GroupAddress:
+        return ws.GroupAddress("127.0.0.1", ws.free_port(), world_size, backend)
+
+    def join_weight_group(self, address: ws.GroupAddress) -> None:
+        ws.open_group(address, 0, timeout_s=30)
+
+    def weight_buckets(self):
+        yield list(self.weights.items())
+
+
+class _DiskEngine:
+    """A receiving engine: joins the transfer group for real, records disk-path updates."""
+
+    name = "e0"
+    on_gpu = True
+
+    def __init__(self):
+        self.updates: list[dict] = []
+
+    def num_weight_receivers(self) -> int:
+        return 1
+
+    async def join_weight_group(self, address: ws.GroupAddress, rank_offset: int) -> None:
+        import asyncio
+
+        await asyncio.to_thread(ws.open_group, address, rank_offset, 30)
+
+    async def update_weights(self, named_tensors) -> None:
+        self.updates.append(dict(named_tensors))
+
+
+def test_a_transfer_group_that_cannot_be_made_falls_back_to_disk_before_the_first_push(caplog):
+    """Both sides are on "GPUs", so the group is NCCL; this torch has none, so making it fails in
+    setup() (on a GPU node: a bad interface, a timeout, two members on one GPU), and every
+    engine takes the disk path from the first push on."""
+    import asyncio
+
+    import torch.distributed as dist
+
+    from rstar2cli.rl.sync import WeightSync
+
+    if hasattr(dist, "ProcessGroupNCCL"):
+        pytest.skip("this torch has NCCL; the failure is made by a CPU build")
+    trainers, engine = _OneTensorTrainers(), _DiskEngine()
+    sync = WeightSync(trainers, [engine])
+    asyncio.run(sync.setup(timeout_s=30))
+    assert sync.broadcast_engines == []
+    assert "no broadcast group (this torch has no NCCL" in caplog.text
+    row = asyncio.run(sync.push())
+    assert row["weight_sync"] == "disk"
+    assert list(engine.updates[0]) == ["w"]
