@@ -21,6 +21,14 @@ A generation cut short by `max_tokens` while budget is left (the scheduler's per
 continued as the same turn. History is never re-rendered: token ids are appended
 (`protocol.TrajectoryLayout`); tool chunks are tokenized with `add_special_tokens=False`.
 
+Each record carries what the trainer needs to correct for the engine (rstar2cli/rl/correction.py):
+`rollout_logprobs`, one float per `response_ids` entry, the engine's log-probability of each
+model-sampled token under the distribution it was drawn from (its temperature and top-p; 0.0 for
+tool-output tokens; None when the engine gave none), and `turn_versions`, the policy version
+(`AgentConfig.policy_version`: in rl-stage, the number of updates the engine's weights have had)
+of each model turn; a turn continued across an update (partial rollout) gets its first
+version, and `stale_tokens` counts the response tokens made before the current version.
+
 Tools run through a `ToolRunner` (`run_batch(jobs)`): `sandboxd.client.SandboxClient` for URLs or
 `sandboxd.pool.LocalSandbox` in-process (`make_tool_runner`). `ToolBatcher` sends every call the
 moment it is parsed, coalescing calls parsed in the same event-loop tick into one batch request
@@ -79,6 +87,11 @@ class AgentConfig:
     max_tool_output_chars: int | None = 256
     tool_truncate_side: str = "middle"
     tool_timeout_s: float = TOOL_TIMEOUT_S
+    # Ask engines for each sampled token's log-probability (the record's rollout_logprobs);
+    # benchmarks/rollout_logprobs.py measures what it costs.
+    want_logprobs: bool = True
+    # The weights' version the engines sample with (rl-stage: updates applied so far).
+    policy_version: int = 0
 
     def __post_init__(self) -> None:
         if self.max_turns < 1:
@@ -112,7 +125,11 @@ class Trajectory:
         self.pending_call: P.ToolCall | None = None
         self.finish_reason: str | None = None
         self.stale_tokens = 0  # response tokens made before the run it is in (partial rollout)
+        # per response token; None once an engine output came without log-probs
+        self.rollout_logprobs: list[float] | None = []
+        self.turn_versions: list[int] = []  # per model turn: the policy version that began it
         self._turn_ids: list[int] = []
+        self._turn_version: int | None = None  # the version that began the turn in progress
         self._last_max_tokens = 0
 
     # -- partial rollout: a trajectory cut between requests, as JSON and back ---------------------
@@ -132,6 +149,9 @@ class Trajectory:
             "tool_calls": self.tool_calls,
             "turn_ids": self._turn_ids,
             "stale_tokens": self.stale_tokens,
+            "rollout_logprobs": self.rollout_logprobs,
+            "turn_versions": self.turn_versions,
+            "turn_version": self._turn_version,
         }
 
     @classmethod
@@ -144,6 +164,11 @@ class Trajectory:
         traj.tool_calls = list(state["tool_calls"])
         traj._turn_ids = list(state["turn_ids"])
         traj.stale_tokens = int(state["stale_tokens"])
+        # NOTE: a carry saved before log-probs were recorded has none (its tokens get no correction)
+        logprobs = state.get("rollout_logprobs")
+        traj.rollout_logprobs = None if logprobs is None else [float(x) for x in logprobs]
+        traj.turn_versions = [int(v) for v in state.get("turn_versions", [])]
+        traj._turn_version = state.get("turn_version")
         return traj
 
     # -- what the engine needs --------------------------------------------------------------------
@@ -187,6 +212,7 @@ class Trajectory:
             top_p=self.config.top_p,
             seed=seed,
             stop_token_ids=[self.stop_id],
+            want_logprobs=self.config.want_logprobs,
         )
 
     # -- events -----------------------------------------------------------------------------------
@@ -196,6 +222,9 @@ class Trajectory:
         if out.finish_reason in ("error", "abort"):
             return self.finish("engine_error")
         ids = list(out.token_ids)[: max(self.remaining_tokens, 0)]
+        if self._turn_version is None:  # the first request of a model turn
+            self._turn_version = self.config.policy_version
+        self._add_logprobs(out.logprobs, len(ids))
         self.layout.add_model_tokens(ids)
         self._turn_ids += ids
         ended = bool(ids) and ids[-1] == self.stop_id
@@ -204,6 +233,14 @@ class Trajectory:
                 return self.finish("budget")  # budget spent, or the engine's context limit
             return Next.GENERATE  # cut by the scheduler's step: continue the same turn
         return self._end_turn()
+
+    def _add_logprobs(self, logprobs: list[float] | None, num_tokens: int) -> None:
+        if self.rollout_logprobs is None:
+            return
+        if logprobs is None or len(logprobs) < num_tokens:
+            self.rollout_logprobs = None  # not asked for, or an engine that gives none
+            return
+        self.rollout_logprobs += [float(x) for x in logprobs[:num_tokens]]
 
     def tool_job(self) -> Job | None:
         """The sandbox job for the pending call; None for a malformed call (answered locally)."""
@@ -242,10 +279,18 @@ class Trajectory:
         if len(ids) >= self.remaining_tokens:
             return self.finish("budget")  # NOTE: no room for the answer and one more token
         self.layout.add_tool_chunk(ids)
+        if self.rollout_logprobs is not None:
+            self.rollout_logprobs += [0.0] * len(ids)  # NOTE: tool output is not sampled
         return Next.GENERATE
 
-    def _end_turn(self) -> str:
+    def _count_turn(self) -> None:
         self.num_turns += 1
+        version = self._turn_version
+        self.turn_versions.append(self.config.policy_version if version is None else version)
+        self._turn_version = None
+
+    def _end_turn(self) -> str:
+        self._count_turn()
         turn_text = self.tokenizer.decode(self._turn_ids, skip_special_tokens=False)
         self._turn_ids = []
         self.model_text += turn_text
@@ -261,7 +306,7 @@ class Trajectory:
 
     def finish(self, reason: str) -> str:
         if self._turn_ids:  # a turn cut short (budget) still counts, and its text is kept
-            self.num_turns += 1
+            self._count_turn()
             self.model_text += self.tokenizer.decode(self._turn_ids, skip_special_tokens=False)
             self._turn_ids = []
         self.finish_reason = reason
@@ -300,6 +345,8 @@ class Trajectory:
             "num_answer_tags": self.num_answer_tags,
             "finish_reason": self.finish_reason,
             "extracted": P.extract_answer(P.answer_region(self.model_text)),
+            "rollout_logprobs": self.rollout_logprobs,
+            "turn_versions": self.turn_versions,
             **partial,
         }
 

@@ -14,8 +14,9 @@ from the tensors, and never exceeds `kv_capacity_tokens()` (checked after every 
 
 Sampling: greedy at temperature 0, else temperature + top-p with one `torch.Generator` per request
 (seeded from `SamplingSpec.seed`, or from the engine seed and a counter), so a request's samples do
-not depend on what else is in the batch or on preemptions. Logprobs are the model's own
-(log-softmax of the raw logits), as vLLM reports by default.
+not depend on what else is in the batch or on preemptions. Logprobs are those of the distribution
+each token was drawn from (after temperature and top-p; greedy: the raw logits'), as the vLLM
+engine reports them (`logprobs_mode` processed_logprobs).
 
 What it does not do: prefix caching, chunked prefill, paged memory (the padded decode batch is
 rebuilt every step; fine for the small models it is meant for).
@@ -351,18 +352,19 @@ class HfEngine:
         import torch
 
         logits = logits.float()  # [V]
-        logprobs = torch.log_softmax(logits, dim=-1)
         spec = seq.spec
         if spec.temperature <= 0:
             token = int(torch.argmax(logits))
+            logprob = torch.log_softmax(logits, dim=-1)[token]
         else:
-            probs = torch.softmax(logits / spec.temperature, dim=-1)
+            probs = torch.softmax(logits / spec.temperature, dim=-1)  # [V]
             if spec.top_p < 1.0:
                 probs = _top_p_filter(probs, spec.top_p)
             token = int(torch.multinomial(probs, 1, generator=seq.generator))
+            logprob = torch.log(probs[token])  # NOTE: the sampling distribution's, as vLLM's
         seq.out_ids.append(token)
         if spec.want_logprobs:
-            seq.out_logprobs.append(float(logprobs[token]))
+            seq.out_logprobs.append(float(logprob))
         self._counters["num_generation_tokens"] += 1
 
     def _load_state(self, tensors: dict[str, Any]) -> None:

@@ -1,5 +1,6 @@
 """A scripted engine for tests: a test double of the `Engine` Protocol that emits protocol text
-we wrote (tokenized with the real tiny tokenizer), cut at `max_tokens` like a real engine."""
+we wrote (tokenized with the real tiny tokenizer), cut at `max_tokens` like a real engine. Asked
+for log-probs, it gives token i of a request -0.1 * (i + 1)."""
 
 from __future__ import annotations
 
@@ -36,8 +37,8 @@ class ScriptedEngine:
         if len(ids) > spec.max_tokens:
             ids, rest = ids[: spec.max_tokens], ids[spec.max_tokens :]
             queue.insert(0, self.tok.decode(rest, skip_special_tokens=False))
-            return GenOutput(token_ids=ids, logprobs=None, finish_reason="length")
-        return GenOutput(token_ids=ids, logprobs=None, finish_reason="stop")
+            return GenOutput(token_ids=ids, logprobs=_logprobs(ids, spec), finish_reason="length")
+        return GenOutput(token_ids=ids, logprobs=_logprobs(ids, spec), finish_reason="stop")
 
     def kv_capacity_tokens(self):
         return self.capacity
@@ -56,3 +57,7 @@ class ScriptedEngine:
 
     async def shutdown(self):
         pass
+
+
+def _logprobs(ids, spec):
+    return [-0.1 * (i + 1) for i in range(len(ids))] if spec.want_logprobs else None

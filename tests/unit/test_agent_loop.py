@@ -93,6 +93,47 @@ def test_tool_call_then_answer_layout_mask_and_record(tok):
     assert set(rec) >= {"id", "sample", "question", "answer", "text", "finish_reason"}
 
 
+def test_record_keeps_the_engines_logprobs_and_each_turns_policy_version(tok):
+    """rollout_logprobs: one per response token, the engine's on model tokens (the scripted
+    engine's -0.1, -0.2, ... per request), 0.0 on the tool chunk; turn_versions: the
+    config's policy version per model turn. Without want_logprobs: None."""
+    turn1 = "Let me compute.\n" + CALL_1522 + P.IM_END
+    config = AgentConfig(max_response_tokens=2000, policy_version=7)
+    rec, _, _ = run_one(tok, [turn1, ANSWER], config=config)
+    t1, t2 = len(ids(tok, turn1)), len(ids(tok, ANSWER))
+    chunk = len(ids(tok, P.render_tool_response("1522")))
+    expected = [-0.1 * (i + 1) for i in range(t1)] + [0.0] * chunk
+    expected += [-0.1 * (i + 1) for i in range(t2)]
+    assert rec["rollout_logprobs"] == pytest.approx(expected)
+    assert len(rec["rollout_logprobs"]) == len(rec["response_ids"])
+    assert rec["turn_versions"] == [7, 7]
+    off = AgentConfig(max_response_tokens=2000, want_logprobs=False)
+    rec, _, _ = run_one(tok, [turn1, ANSWER], config=off)
+    assert rec["rollout_logprobs"] is None and rec["turn_versions"] == [0, 0]
+
+
+def test_a_turn_continued_under_new_weights_keeps_its_first_version_through_a_carry(tok):
+    """Partial rollout: a turn cut between requests, saved (`state`), taken up by the next
+    step's config (version 1): the turn keeps version 0, the next turn gets 1, and the
+    log-probs survive the round trip."""
+    item = {"id": "q", "sample": 0, "question": "Q"}
+    traj = Trajectory(item, [1, 2, 3], tok, AgentConfig(max_response_tokens=100))
+    text_ids = ids(tok, "first part " + CALL_1522 + P.IM_END)
+    traj.sampling_spec(4)
+    assert traj.on_generated(GenOutput(text_ids[:4], [-1.0] * 4, "length")) == "generate"
+    later = AgentConfig(max_response_tokens=100, policy_version=1)
+    traj = Trajectory.from_state(traj.state(), tok, later)
+    traj.sampling_spec(100)
+    rest = len(text_ids) - 4
+    assert traj.on_generated(GenOutput(text_ids[4:], [-2.0] * rest, "stop")) == "tool"
+    assert traj.on_tool_result(None) == "generate"  # answered locally (a parse error or not)
+    traj.on_generated(GenOutput(ids(tok, ANSWER), [-3.0] * len(ids(tok, ANSWER)), "stop"))
+    rec = traj.record()
+    assert rec["turn_versions"] == [0, 1]
+    assert rec["rollout_logprobs"][:4] == [-1.0] * 4 and rec["rollout_logprobs"][-1] == -3.0
+    assert len(rec["rollout_logprobs"]) == len(rec["response_ids"])
+
+
 def test_failing_code_reports_error_status_and_stderr(tok):
     turn1 = P.format_tool_call("print(1/0)") + P.IM_END
     rec, _, _ = run_one(tok, [turn1, "no idea" + P.IM_END])
