@@ -79,6 +79,8 @@ class StageRun:
         self.ckpt_dir = opts.out / "checkpoints"
         self.trainers: Trainers  # set by _start_trainers
         self.sync: Any = None
+        # engines on the trainer's GPUs (asked for, or one GPU for both: _start_engines)
+        self.colocated = recipe.rollout.colocate
         self.engines: list[Any] = []
         self.saved_step = 0  # the newest checkpoint's step: where a rerun resumes
         self.stop = StopSignals()
@@ -223,17 +225,20 @@ class StageRun:
 
     def _start_engines(self, placement: Any) -> list[Any]:
         from rstar2cli.scheduler.engines import make_engines
-        from rstar2cli.scheduler.placement import colocated_devices, devices_beside_trainer
+        from rstar2cli.scheduler.placement import colocated_devices, engines_beside_trainer
 
         r = self.recipe
         if placement is not None and placement.plan.colocated:
             gpu_ids = [p["gpu_ids"] for p in self.trainers.placements()]
             placement.engine_devices = colocated_devices(placement.plan, gpu_ids)
         devices = None
-        if placement is None and not r.rollout.colocate:
+        if placement is None:
             import torch
 
-            devices = devices_beside_trainer(torch.cuda.device_count())
+            devices, shared = engines_beside_trainer(torch.cuda.device_count(), r.rollout.colocate)
+            if shared:
+                self._check_shared_gpu()
+                self.colocated = True
         return make_engines(
             self.model,
             r.rollout.num_engines,
@@ -245,9 +250,27 @@ class StageRun:
             tensor_parallel_size=r.rollout.tensor_parallel_size,
             gpu_memory_fraction=r.rollout.gpu_memory_fraction,
             devices=devices,
-            colocated=r.rollout.colocate,
+            colocated=self.colocated,
             placement=placement,
             speculative=r.rollout.speculative,
+        )
+
+    def _check_shared_gpu(self) -> None:
+        """In-process engines on the trainer's GPU: the trainer's resident state plus the
+        engines' shares must fit it (gpu_fit.check_shared_gpu), else one line before any start."""
+        import torch
+
+        from rstar2cli.scheduler import gpu_fit
+        from rstar2cli.scheduler.placement import gpu_memory_fraction
+
+        r = self.recipe
+        per_engine = [(0,)] * r.rollout.num_engines
+        share = gpu_memory_fraction(per_engine, True, r.rollout.gpu_memory_fraction)
+        numel = gpu_fit.model_numel(self.model)
+        gpu_fit.check_shared_gpu(
+            trainer_bytes=gpu_fit.trainer_resident_bytes(numel, r.train.zero_stage, world=1),
+            memory_fraction=share * r.rollout.num_engines,
+            device_bytes=torch.cuda.get_device_properties(0).total_memory,
         )
 
     async def _start_sync(self) -> None:
@@ -255,7 +278,7 @@ class StageRun:
         from rstar2cli.fileio import write_json_atomic
         from rstar2cli.rl.sync import WeightSync
 
-        self.sync = WeightSync(self.trainers, self.engines, colocated=self.recipe.rollout.colocate)
+        self.sync = WeightSync(self.trainers, self.engines, colocated=self.colocated)
         await self.sync.setup()
         broadcast = {e.name for e in self.sync.broadcast_engines}
         write_json_atomic(

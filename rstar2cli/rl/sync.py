@@ -110,6 +110,8 @@ class WeightSync:
     async def push(self) -> dict[str, Any]:
         """One sync; returns what the metrics row records (the path taken, the checksums)."""
         sleepers = self._sleepers if self._asleep else []
+        if sleepers:
+            await asyncio.to_thread(self.trainers.release_gpu_cache)
         await asyncio.gather(*(e.wake_up(["weights"]) for e in sleepers))
         row: dict[str, Any] = {}
         receiving = self.broadcast_engines

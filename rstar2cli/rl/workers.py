@@ -71,6 +71,11 @@ class Trainers(Protocol):
         """Every rank takes part (ZeRO-3 gathers); rank 0 broadcasts and returns the checksum."""
         ...
 
+    def release_gpu_cache(self) -> None:
+        """Colocated: hand the memory torch keeps cached after an update back to the GPU, so
+        the engines sharing it can wake (`_release_gpu_cache`)."""
+        ...
+
 
 class LocalTrainers:
     world = 1
@@ -120,6 +125,9 @@ class LocalTrainers:
     def send_weights(self, plan: SyncPlan) -> int | None:
         return self.trainer.send_weights(self.weight_group, plan)
 
+    def release_gpu_cache(self) -> None:
+        _release_gpu_cache()
+
 
 class TrainerActor:
     """One rank in its own process (a Ray actor)."""
@@ -163,6 +171,9 @@ class TrainerActor:
 
     def update(self, plan: RankPlan, tokens: list[int]) -> UpdateSums:
         return self._built.update(plan, tokens)
+
+    def release_gpu_cache(self) -> None:
+        _release_gpu_cache()
 
     def weight_buckets(self) -> Iterator[list[tuple[str, Any]]]:
         yield from self._built.weight_buckets()
@@ -303,6 +314,20 @@ class RayTrainers:
         import ray
 
         return ray.get([a.send_weights.remote(plan) for a in self.actors])[0]
+
+    def release_gpu_cache(self) -> None:
+        import ray
+
+        ray.get([a.release_gpu_cache.remote() for a in self.actors])
+
+
+def _release_gpu_cache() -> None:
+    """NOTE: torch's caching allocator keeps the update's activations reserved; a sleeping vLLM
+    engine on the same GPU wakes into what is really free (a GPU-only effect, not CPU-tested)."""
+    import torch
+
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.empty_cache()
 
 
 def init_ray(address: str | None, num_actors: int) -> None:

@@ -1,7 +1,8 @@
 """Where engines and trainer ranks run: local GPUs, Ray placement groups, and shared paths.
 
 In this process (no Ray): engine i gets explicit GPUs (`local_engine_devices`: the ones asked for,
-else the visible ones in order, tensor_parallel_size per engine) and a memory share
+else the visible ones in order, tensor_parallel_size per engine; beside an in-process trainer,
+`engines_beside_trainer`) and a memory share
 (`gpu_memory_fraction`: vLLM's `gpu_memory_utilization`, split among the engines sharing a GPU),
 so two engines, or an engine beside the trainer, fit on one GPU machine. The engine process sees
 only its GPUs (`engine_env` sets CUDA_VISIBLE_DEVICES while vLLM spawns its processes; on a CPU
@@ -85,10 +86,20 @@ def local_engine_devices(
     return out
 
 
-def devices_beside_trainer(num_visible: int) -> list[int] | None:
-    """In-process engines next to an in-process trainer (which takes GPU 0): the other GPUs;
-    None (all of them, so shared) on a machine with fewer than two."""
-    return list(range(1, num_visible)) if num_visible > 1 else None
+def engines_beside_trainer(num_visible: int, colocate: bool) -> tuple[list[int] | None, bool]:
+    """In-process engines next to an in-process trainer (which takes GPU 0): their GPUs (None:
+    all visible) and whether they share the trainer's GPU. Two or more GPUs: the others, not
+    shared. One GPU: GPU 0, shared, so the engines run colocated (a colocated memory share,
+    asleep while the trainer updates, weights over gloo: NCCL refuses two members on one GPU);
+    run as if separate, vLLM asked for 0.9 of a GPU the trainer already used and refused to
+    start. `colocate`: every GPU, shared. No GPU: CPU engines."""
+    if num_visible == 0:
+        return None, False
+    if colocate:
+        return None, True
+    if num_visible > 1:
+        return list(range(1, num_visible)), False
+    return [0], True
 
 
 def _cuda_env() -> str:

@@ -219,6 +219,9 @@ class ModuleTrainers:
 
         return weight_buckets(self.module, zero3=False, is_rank0=True)
 
+    def release_gpu_cache(self) -> None:
+        pass  # a CPU module: nothing cached on a GPU
+
 
 def test_broadcast_sync_and_colocated_phases(engines, loop, prompts, tiny_model_dir, hf_greedy):
     """Both engines join one gloo group with this process as rank 0; colocated, they sleep while

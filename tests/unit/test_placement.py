@@ -34,7 +34,17 @@ def test_memory_share_is_split_among_engines_on_one_gpu():
     assert pl.gpu_memory_fraction([(0,), (1,), (0,)], colocated=False) == pytest.approx(0.45)
     assert pl.gpu_memory_fraction([(0,)], colocated=True) == pl.COLOCATED_GPU_MEMORY_FRACTION
     assert pl.gpu_memory_fraction([(0,), (0,)], colocated=True, fraction=0.6) == pytest.approx(0.3)
-    assert pl.devices_beside_trainer(4) == [1, 2, 3] and pl.devices_beside_trainer(1) is None
+
+
+def test_engines_beside_an_in_process_trainer():
+    # the trainer takes GPU 0: with more GPUs the engines get the others, not shared
+    assert pl.engines_beside_trainer(4, colocate=False) == ([1, 2, 3], False)
+    # one GPU: the engines share it with the trainer, so they run colocated (sleep, gloo sync)
+    assert pl.engines_beside_trainer(1, colocate=False) == ([0], True)
+    # asked to colocate: every GPU, shared
+    assert pl.engines_beside_trainer(4, colocate=True) == (None, True)
+    # CPU: nothing shared on a GPU
+    assert pl.engines_beside_trainer(0, colocate=False) == (None, False)
 
 
 def test_cpu_thread_binding_gives_each_worker_its_cores():
