@@ -37,6 +37,8 @@ complete -c rstar2 -n '__fish_seen_subcommand_from serve-sandbox' -l max-queue -
 complete -c rstar2 -n '__fish_seen_subcommand_from serve-sandbox' -l max-request-output-mb -d 'stdout+stderr of one requests jobs together; jobs past it come back c' -r -F
 complete -c rstar2 -n '__fish_seen_subcommand_from serve-sandbox' -l idle-timeout-s -d 'A connection must send a whole request head within this (from its open' -r -F
 complete -c rstar2 -n '__fish_seen_subcommand_from serve-sandbox' -l preload -d 'Comma-separated modules each zygote imports (default math stack)' -r -F
+complete -c rstar2 -n '__fish_seen_subcommand_from serve-sandbox' -l token-file -d 'File holding the token clients must send (mode 600)' -r -F
+complete -c rstar2 -n '__fish_seen_subcommand_from serve-sandbox' -l insecure-no-auth -d 'Serve a non-loopback --host without a token anyone who reaches it run'
 complete -c rstar2 -n '__fish_seen_subcommand_from serve-sandbox' -l help -d 'Show help and exit'
 complete -c rstar2 -n '__fish_seen_subcommand_from rollout' -l model -d 'HF model folder (weights + tokenizer)' -r -F
 complete -c rstar2 -n '__fish_seen_subcommand_from rollout' -l data -d 'Problems .parquet/.jsonl/.json with question (and answer, id)' -r -F
@@ -45,6 +47,7 @@ complete -c rstar2 -n '__fish_seen_subcommand_from rollout' -l samples -d 'Rollo
 complete -c rstar2 -n '__fish_seen_subcommand_from rollout' -l engines -d 'Number of inference engines' -r -F
 complete -c rstar2 -n '__fish_seen_subcommand_from rollout' -l engine -d 'Engine kind vllm | hf' -r -F
 complete -c rstar2 -n '__fish_seen_subcommand_from rollout' -l sandbox -d 'sandboxd URL (repeatable); none an in-process sandbox' -r -F
+complete -c rstar2 -n '__fish_seen_subcommand_from rollout' -l sandbox-token-file -d 'File holding the --sandbox daemons token (default RSTAR2_SANDBOX_TO' -r -F
 complete -c rstar2 -n '__fish_seen_subcommand_from rollout' -l ray-address -d 'Run engines as Ray actors local or a cluster address (HEAD6379)' -r -F
 complete -c rstar2 -n '__fish_seen_subcommand_from rollout' -l scheduler -d 'kv (KV-cache-aware) | static | least-requests' -r -F
 complete -c rstar2 -n '__fish_seen_subcommand_from rollout' -l kv-mode -d 'kv scheduler reservation incremental (context + next step) | full (th' -r -F
@@ -69,6 +72,7 @@ complete -c rstar2 -n '__fish_seen_subcommand_from rl-stage' -l out -d 'Run fold
 complete -c rstar2 -n '__fish_seen_subcommand_from rl-stage' -l init-from -d 'Start from this HF folder, or a previous rl-stage OUT (weights + optim' -r -F
 complete -c rstar2 -n '__fish_seen_subcommand_from rl-stage' -l reset-optimizer -d 'With --init-from a previous stage fresh optimizer (stage 3)'
 complete -c rstar2 -n '__fish_seen_subcommand_from rl-stage' -l sandbox -d 'sandboxd URL (repeatable); overrides the recipes' -r -F
+complete -c rstar2 -n '__fish_seen_subcommand_from rl-stage' -l sandbox-token-file -d 'File holding the sandbox daemons token; overrides the recipes (defau' -r -F
 complete -c rstar2 -n '__fish_seen_subcommand_from rl-stage' -l ray-address -d 'Place engines and trainer ranks with Ray local or a cluster address' -r -F
 complete -c rstar2 -n '__fish_seen_subcommand_from rl-stage' -l help -d 'Show help and exit'
 complete -c rstar2 -n '__fish_seen_subcommand_from filter-hard' -l model -d 'HF model folder (weights + tokenizer)' -r -F
@@ -79,6 +83,7 @@ complete -c rstar2 -n '__fish_seen_subcommand_from filter-hard' -l samples -d 'R
 complete -c rstar2 -n '__fish_seen_subcommand_from filter-hard' -l engines -d 'Number of inference engines' -r -F
 complete -c rstar2 -n '__fish_seen_subcommand_from filter-hard' -l engine -d 'Engine kind vllm | hf' -r -F
 complete -c rstar2 -n '__fish_seen_subcommand_from filter-hard' -l sandbox -d 'sandboxd URL (repeatable); none an in-process sandbox' -r -F
+complete -c rstar2 -n '__fish_seen_subcommand_from filter-hard' -l sandbox-token-file -d 'File holding the --sandbox daemons token (default RSTAR2_SANDBOX_TO' -r -F
 complete -c rstar2 -n '__fish_seen_subcommand_from filter-hard' -l ray-address -d 'Run engines as Ray actors local or a cluster address (HEAD6379)' -r -F
 complete -c rstar2 -n '__fish_seen_subcommand_from filter-hard' -l scheduler -d 'kv (KV-cache-aware) | static | least-requests' -r -F
 complete -c rstar2 -n '__fish_seen_subcommand_from filter-hard' -l kv-mode -d 'kv scheduler reservation incremental (context + next step) | full (th' -r -F
@@ -113,6 +118,7 @@ complete -c rstar2 -n '__fish_seen_subcommand_from eval' -l samples -d 'Rollouts
 complete -c rstar2 -n '__fish_seen_subcommand_from eval' -l engines -d 'Number of inference engines' -r -F
 complete -c rstar2 -n '__fish_seen_subcommand_from eval' -l engine -d 'Engine kind vllm | hf' -r -F
 complete -c rstar2 -n '__fish_seen_subcommand_from eval' -l sandbox -d 'sandboxd URL (repeatable); none an in-process sandbox' -r -F
+complete -c rstar2 -n '__fish_seen_subcommand_from eval' -l sandbox-token-file -d 'File holding the --sandbox daemons token (default RSTAR2_SANDBOX_TO' -r -F
 complete -c rstar2 -n '__fish_seen_subcommand_from eval' -l ray-address -d 'Run engines as Ray actors local or a cluster address (HEAD6379)' -r -F
 complete -c rstar2 -n '__fish_seen_subcommand_from eval' -l scheduler -d 'kv (KV-cache-aware) | static | least-requests' -r -F
 complete -c rstar2 -n '__fish_seen_subcommand_from eval' -l kv-mode -d 'kv scheduler reservation incremental (context + next step) | full (th' -r -F

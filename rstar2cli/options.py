@@ -83,6 +83,13 @@ SANDBOX = typer.Option(
     metavar="URL",
     help="sandboxd URL (repeatable); none: an in-process sandbox.",
 )
+SANDBOX_TOKEN_FILE = typer.Option(
+    None,
+    "--sandbox-token-file",
+    metavar="PATH",
+    show_default=False,
+    help="File holding the --sandbox daemons' token (default: $RSTAR2_SANDBOX_TOKEN).",
+)
 RAY_ADDRESS = typer.Option(
     None,
     "--ray-address",
@@ -174,6 +181,7 @@ def rollout_options(
         ("engines", int, ENGINES),
         ("engine", str, ENGINE),
         ("sandbox", list[str] | None, SANDBOX),
+        ("sandbox_token_file", Path | None, SANDBOX_TOKEN_FILE),
         ("ray_address", str | None, RAY_ADDRESS),
         ("scheduler", str, SCHEDULER),
         ("kv_mode", str, KV_MODE),
@@ -218,6 +226,7 @@ class RolloutArgs:
     engines: int
     engine: str
     sandbox: list[str]
+    sandbox_token_file: Path | None  # never the token itself: that stays in the file
     ray_address: str | None
     scheduler: str
     kv_mode: str
@@ -254,6 +263,10 @@ class RolloutArgs:
         if self.tool_timeout_s <= 0:
             raise UserError(f"--tool-timeout must be > 0 seconds, got {self.tool_timeout_s}")
         check_ray_address(self.ray_address)
+        if self.sandbox_token_file is not None and not self.sandbox:
+            raise UserError(
+                "--sandbox-token-file is for --sandbox URLs (the in-process one needs none)"
+            )
         if self.speculative is not None:
             if self.engine != "vllm":
                 raise UserError(f"--speculative is for --engine vllm, not {self.engine}")

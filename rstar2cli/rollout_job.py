@@ -268,7 +268,8 @@ def run_command_job(
         sink = GradedSink(grader, write=appender.write_batch, decorate=decorate)
         agent_config = fit.args.agent_config(seed_base(fit.args.seed))
         job = _CommandRun(name, console, items, fit.tokenizer, agent_config, sched_config, sink)
-        return job.run(start_engines, tool_urls), sink
+        token_file = fit.args.sandbox_token_file
+        return job.run(start_engines, tool_urls, token_file), sink
 
 
 class _CommandRun:
@@ -280,9 +281,14 @@ class _CommandRun:
         self.sink = sink
         self.stop = StopSignals()
 
-    def run(self, start_engines: Callable[[], Any], tool_urls: list[str]) -> Any:
+    def run(
+        self,
+        start_engines: Callable[[], Any],
+        tool_urls: list[str],
+        token_file: Path | None = None,
+    ) -> Any:
         try:
-            return asyncio.run(self._main(start_engines, tool_urls))
+            return asyncio.run(self._main(start_engines, tool_urls, token_file))
         except BaseException as exc:
             stopped = self.stop.stopped(exc)  # an engine killed by the same Ctrl-C is no news
             if not stopped and not isinstance(exc, UserError):
@@ -302,12 +308,16 @@ class _CommandRun:
         finally:
             self.stop.disarm()
 
-    async def _main(self, start_engines: Callable[[], Any], tool_urls: list[str]) -> Any:
+    async def _main(
+        self, start_engines: Callable[[], Any], tool_urls: list[str], token_file: Path | None
+    ) -> Any:
         from rstar2cli.agent.loop import make_tool_runner
         from rstar2cli.scheduler.driver import rollout_session
 
         self.stop.arm(self.sink.close_intake)
-        tools = make_tool_runner(tool_urls, timeout_s=self.agent_config.tool_timeout_s)
+        tools = make_tool_runner(
+            tool_urls, timeout_s=self.agent_config.tool_timeout_s, token_file=token_file
+        )
         async with rollout_session(start_engines, tools) as (engines, batcher):
             with RolloutProgress(self.name, self.console, len(self.items)) as progress:
                 stats = await rollout_and_grade(

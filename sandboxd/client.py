@@ -8,16 +8,22 @@ HTTP 503, per-call timeouts, and results with status `sandbox_error`; a stream c
 keeps what came back and sends only the rest again. Whatever still fails after `max_attempts` becomes a
 `JobResult(status="sandbox_error")`; results come back in the order the jobs were given.
 
+Every request carries `Authorization: Bearer <token>` when a token is given (`token_file`, else
+$RSTAR2_SANDBOX_TOKEN; sandboxd.auth). A daemon answering 401 is a setup error, not an outage:
+`SandboxUnauthorized` (one line, naming the URL, never the token) is raised at once, without retry.
+
 What it does not: retry a snippet's own failures (error, timeout, memory, output_limit are
 answers, not infrastructure faults), or start daemons (sandboxd.server.spawn_daemon does).
 
-Tested in tests/sandboxd/test_failover.py (two daemons, one killed mid-burst; unreachable URLs).
+Tested in tests/sandboxd/test_failover.py (two daemons, one killed mid-burst; unreachable URLs) and
+test_auth.py (no, wrong and right tokens against a real daemon).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
 import random
 import time
 from collections.abc import Callable
@@ -26,9 +32,13 @@ from typing import Any
 
 import aiohttp
 
+from sandboxd.auth import SandboxUnauthorized, load_token
 from sandboxd.wire import Job, JobResult, ProtocolError, result_from_wire, sandbox_error
 
 _COOLDOWN_S = 2.0
+
+
+__all__ = ["SandboxClient", "SandboxUnauthorized", "SandboxUnreachable"]
 
 
 class SandboxUnreachable(RuntimeError):
@@ -56,9 +66,15 @@ class SandboxClient:
         max_attempts: int = 3,
         batch_size: int = 64,
         max_requests_per_endpoint: int = 8,
+        token_file: str | os.PathLike[str] | None = None,
     ) -> None:
+        """`token_file`: the file holding the daemons' token; None: $RSTAR2_SANDBOX_TOKEN, if
+        set (a bad file or variable raises sandboxd.auth.TokenError)."""
         if not urls:
             raise ValueError("SandboxClient needs at least one URL")
+        token = load_token(token_file)
+        # NOTE: kept only inside the session's default headers, never in an attribute of ours
+        self._headers = {} if token is None else {"Authorization": f"Bearer {token}"}
         self.endpoints = [_Endpoint(u.rstrip("/")) for u in urls]
         self.timeout_s = timeout_s
         self.max_attempts = max_attempts
@@ -69,7 +85,7 @@ class SandboxClient:
     def _http(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
             connector = aiohttp.TCPConnector(limit=0, force_close=False)
-            self._session = aiohttp.ClientSession(connector=connector)
+            self._session = aiohttp.ClientSession(connector=connector, headers=self._headers)
         return self._session
 
     async def close(self) -> None:
@@ -85,13 +101,19 @@ class SandboxClient:
 
     async def check(self) -> list[str]:
         """The URLs that did not answer /healthz (asked all at once); raises SandboxUnreachable
-        (naming the URLs) when none did."""
+        (naming the URLs) when none did, and SandboxUnauthorized when one that did refuses the
+        token (asked through the authenticated GET /v1/ping)."""
         timeout = aiohttp.ClientTimeout(total=min(self.timeout_s, 10.0))
 
         async def healthy(endpoint: _Endpoint) -> bool:
             try:
                 async with self._http().get(endpoint.url + "/healthz", timeout=timeout) as resp:
-                    return resp.status == 200
+                    if resp.status != 200:
+                        return False
+                async with self._http().get(endpoint.url + "/v1/ping", timeout=timeout) as resp:
+                    if resp.status == 401:
+                        raise SandboxUnauthorized.at(endpoint.url, sent_token=bool(self._headers))
+                    return True
             except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
                 return False
 
@@ -200,6 +222,8 @@ class SandboxClient:
                 async with self._http().post(
                     endpoint.url + path, json=body, timeout=timeout
                 ) as resp:
+                    if resp.status == 401:
+                        raise SandboxUnauthorized.at(endpoint.url, sent_token=bool(self._headers))
                     if resp.status >= 500:
                         raise _Retryable(f"{endpoint.url} answered {resp.status}")
                     if resp.status != 200:

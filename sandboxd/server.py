@@ -8,7 +8,9 @@ Endpoints (loopback by default):
   POST /run, /run/batch, /run/long-batch   code-judge-compatible (python only)
   GET  /healthz              {"ok", "workers_alive", "isolation"}
   GET  /metrics              Prometheus text
-A full queue or a draining daemon answers 503 (code-judge results carry reason "queue_timeout").
+With a token (`--token-file`, or $RSTAR2_SANDBOX_TOKEN) every endpoint but /healthz answers 401
+unless the request carries `Authorization: Bearer <token>`; without one the daemon listens only on
+loopback, unless `--insecure-no-auth` (sandboxd.auth). A full queue or a draining daemon answers 503 (code-judge results carry reason "queue_timeout").
 Malformed requests get 400 with a one-line message. A connection that has not sent a whole request
 head within `idle_timeout_s` of opening (or of its last answer) is closed, and a body that has not
 arrived within it is answered 408: a client sending its headers or body a byte at a time holds no
@@ -16,7 +18,8 @@ connection for long. SIGTERM drains: no new jobs, in-flight and queued jobs are 
 process exits.
 
 What it does not: execute anything itself (sandboxd.pool) or retry (sandboxd.client).
-Tested in tests/sandboxd/test_sandbox_api.py, test_wire_compat.py and test_failover.py with real daemons.
+Tested in tests/sandboxd/test_sandbox_api.py, test_wire_compat.py, test_failover.py and test_auth.py
+with real daemons.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ from typing import Any
 from aiohttp import web
 
 from sandboxd import wire
+from sandboxd.auth import TokenError, auth_summary, check_bind, load_token, token_matches
 from sandboxd.pool import LATENCY_BUCKETS_S, Pool, PoolConfig, QueueFull
 from sandboxd.wire import Job, JobResult, ProtocolError
 
@@ -229,11 +233,28 @@ def render_metrics(pool: Pool) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _require_token(token: str) -> Any:
+    """Middleware: 401 for any request but /healthz without `Authorization: Bearer <token>`."""
+
+    @web.middleware
+    async def check(request: web.Request, handler: Any) -> web.StreamResponse:
+        if request.path == "/healthz" or token_matches(request.headers.get("Authorization"), token):
+            return await handler(request)
+        return web.json_response(
+            {"error": "missing or wrong token: send Authorization: Bearer <token>"},
+            status=401,
+            headers={"WWW-Authenticate": 'Bearer realm="sandboxd"'},
+        )
+
+    return check
+
+
 def build_app(
-    pool: Pool, idle_timeout_s: float = IDLE_TIMEOUT_S
+    pool: Pool, idle_timeout_s: float = IDLE_TIMEOUT_S, token: str | None = None
 ) -> tuple[web.Application, _Service]:
     service = _Service(pool, idle_timeout_s)
-    app = web.Application(client_max_size=_MAX_BODY_BYTES)
+    middlewares = [] if token is None else [_require_token(token)]
+    app = web.Application(client_max_size=_MAX_BODY_BYTES, middlewares=middlewares)
     app.add_routes(
         [
             web.post("/v1/batch", service.batch),
@@ -260,11 +281,15 @@ async def serve(
     port: int = 8080,
     drain_s: float = 60.0,
     idle_timeout_s: float = IDLE_TIMEOUT_S,
+    token: str | None = None,
+    insecure_no_auth: bool = False,
 ) -> None:
-    """Run the daemon until SIGTERM/SIGINT; then drain and exit."""
+    """Run the daemon until SIGTERM/SIGINT; then drain and exit. Without `token` it serves
+    loopback only, unless `insecure_no_auth` (raises TokenError before starting anything)."""
+    check_bind(host, token, insecure_no_auth)
     pool = Pool(config)
     await pool.start()
-    app, service = build_app(pool, idle_timeout_s)
+    app, service = build_app(pool, idle_timeout_s, token)
     # NOTE: handler_cancellation: a client that disconnects cancels its request's handler, and
     # with it the futures of its jobs still queued, which the pool then drops unrun.
     # keepalive_timeout: aiohttp closes a connection whose request head is not whole by then,
@@ -294,7 +319,8 @@ async def serve(
     active, warnings = describe_isolation(pool.layers)
     print(
         f"{READY_PREFIX}http://{host}:{bound_port} ({config.num_workers} workers, timeout {config.timeout_s:g} s, "
-        f"memory {config.memory_mb} MB, output {config.max_output_bytes} B); isolation: {active}",
+        f"memory {config.memory_mb} MB, output {config.max_output_bytes} B); isolation: {active}; "
+        f"auth: {auth_summary(token, insecure_no_auth)}",
         flush=True,
     )
     for warning in warnings:
@@ -348,6 +374,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--preload", default=None, help="comma-separated modules to import in the zygote"
     )
     p.add_argument(
+        "--token-file",
+        default=None,
+        metavar="PATH",
+        help="file holding the token clients must send (Authorization: Bearer); mode 600. "
+        "Default: $RSTAR2_SANDBOX_TOKEN; without either, only a loopback --host is served",
+    )
+    p.add_argument(
+        "--insecure-no-auth",
+        action="store_true",
+        help="serve a non-loopback --host without a token: anyone who reaches it runs code",
+    )
+    p.add_argument(
         "--exit-with-parent",
         type=int,
         default=None,
@@ -396,8 +434,20 @@ def main(argv: list[str] | None = None) -> None:
         set_parent_death_signal(signal.SIGTERM)
         if os.getppid() != args.exit_with_parent:
             sys.exit("sandboxd: the parent that started this daemon is gone")
+    try:
+        token = load_token(args.token_file)
+        check_bind(args.host, token, args.insecure_no_auth)
+    except TokenError as exc:
+        sys.exit(f"sandboxd: {exc}")
     asyncio.run(
-        serve(config_from_args(args), args.host, args.port, idle_timeout_s=args.idle_timeout_s)
+        serve(
+            config_from_args(args),
+            args.host,
+            args.port,
+            idle_timeout_s=args.idle_timeout_s,
+            token=token,
+            insecure_no_auth=args.insecure_no_auth,
+        )
     )
 
 

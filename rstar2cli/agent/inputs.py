@@ -122,15 +122,17 @@ def load_hub_dataset(
         ) from exc
 
 
-def check_sandboxes(urls: list[str]) -> None:
-    """Fail with one line before any engine starts when no sandbox URL answers /healthz; warn
-    (one line) about the URLs that do not when others do."""
+def check_sandboxes(urls: list[str], token_file: str | Path | None = None) -> None:
+    """Fail with one line before any engine starts when no sandbox URL answers /healthz, when
+    the token (`token_file`, else $RSTAR2_SANDBOX_TOKEN) is unreadable, or when a daemon refuses
+    it; warn (one line) about the URLs that do not answer when others do."""
     import asyncio
 
+    from sandboxd.auth import SandboxUnauthorized, TokenError
     from sandboxd.client import SandboxClient, SandboxUnreachable
 
     async def check() -> list[str]:
-        client = SandboxClient(urls, timeout_s=5.0, max_attempts=1)
+        client = SandboxClient(urls, timeout_s=5.0, max_attempts=1, token_file=token_file)
         try:
             return await client.check()
         finally:
@@ -138,8 +140,9 @@ def check_sandboxes(urls: list[str]) -> None:
 
     try:
         dead = asyncio.run(check())
-    except SandboxUnreachable as exc:
-        raise UserError(str(exc).splitlines()[0]) from exc
+    except (SandboxUnreachable, SandboxUnauthorized, TokenError) as exc:
+        option = "--sandbox-token-file: " if isinstance(exc, TokenError) else ""
+        raise UserError(option + str(exc).splitlines()[0]) from None
     if dead:  # the client routes around them, but a user should know the pool is smaller
         print(
             f"warning: no answer on /healthz from {', '.join(dead)}; going on with the other "

@@ -44,10 +44,12 @@ import time
 import zlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Protocol
 
 from rstar2cli import protocol as P
 from rstar2cli.errors import UserError
+from sandboxd.auth import SandboxUnauthorized
 from sandboxd.wire import Job, JobResult
 
 FINISH_REASONS = ("answer", "no_answer", "max_turns", "budget", "engine_error")
@@ -399,6 +401,11 @@ class ToolBatcher:
 
         try:
             results = await self.runner.run_batch([job for job, _ in batch], on_result=answer)
+        except SandboxUnauthorized as exc:  # a setup error: no call can succeed, none is a tool's
+            for _, fut in batch:
+                if not fut.done():
+                    fut.set_exception(UserError(str(exc)))
+            return
         except Exception as exc:  # the runner's own failure: every call in it is an infra error
             results = [JobResult("sandbox_error", "", f"sandbox failure: {exc}", None, 0.0)] * len(
                 batch
@@ -413,12 +420,14 @@ def make_tool_runner(
     timeout_s: float = TOOL_TIMEOUT_S,
     num_workers: int = 2,
     memory_mb: int = 1024,
+    token_file: str | Path | None = None,
 ) -> ToolRunner:
-    """A client for sandbox daemons at `urls`, or an in-process sandbox pool when there are none."""
+    """A client for sandbox daemons at `urls` (their token in `token_file`, else
+    $RSTAR2_SANDBOX_TOKEN), or an in-process sandbox pool when there are none."""
     if urls:
         from sandboxd.client import SandboxClient
 
-        return SandboxClient(list(urls), timeout_s=max(60.0, 4 * timeout_s))
+        return SandboxClient(list(urls), timeout_s=max(60.0, 4 * timeout_s), token_file=token_file)
     from sandboxd.pool import LocalSandbox
 
     return LocalSandbox(num_workers=num_workers, timeout_s=timeout_s, memory_mb=memory_mb)

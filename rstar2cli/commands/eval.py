@@ -124,7 +124,7 @@ def eval_cmd(
 
     plan = Plan.check(
         benchmark or [], data or [], model, endpoint or [], tokenizer, args.sandbox, args.engine, out,
-        ks, args.samples,
+        ks, args.samples, sandbox_token_file=args.sandbox_token_file,
     )  # fmt: skip
     if limit is not None:
         for bench in plan.benchmarks:

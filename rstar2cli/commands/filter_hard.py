@@ -71,7 +71,7 @@ def filter_hard(
     problems = load_problems(data)
     rows, _ = read_records(data)
     if args.sandbox:
-        check_sandboxes(args.sandbox)
+        check_sandboxes(args.sandbox, args.sandbox_token_file)
     fit = O.fit_to_model(
         console, "filter-hard", model, model, args, [p["question"] for p in problems],
         args.max_response_tokens or None, O.FILTER_MAX_RESPONSE_TOKENS,

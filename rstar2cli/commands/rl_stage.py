@@ -54,6 +54,13 @@ def rl_stage(
     sandbox: list[str] | None = typer.Option(
         None, "--sandbox", metavar="URL", help="sandboxd URL (repeatable); overrides the recipe's."
     ),
+    sandbox_token_file: Path | None = typer.Option(
+        None,
+        "--sandbox-token-file",
+        metavar="PATH",
+        help="File holding the sandbox daemons' token; overrides the recipe's "
+        "(default: $RSTAR2_SANDBOX_TOKEN).",
+    ),
     ray_address: str | None = typer.Option(
         None,
         "--ray-address",
@@ -77,6 +84,8 @@ def rl_stage(
         raise UserError("--reset-optimizer needs --init-from (a previous rl-stage OUT)")
     if sandbox:
         resolved.sandbox.urls = list(sandbox)
+    if sandbox_token_file is not None:
+        resolved.sandbox.token_file = str(sandbox_token_file)
     _check_inputs(resolved)
     check_ray_address(ray_address)
     check_output_path(out)

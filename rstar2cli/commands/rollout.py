@@ -56,7 +56,7 @@ def rollout(
     check_model_folder(model)
     problems = load_problems(data, require_answer=False)
     if args.sandbox:
-        check_sandboxes(args.sandbox)
+        check_sandboxes(args.sandbox, args.sandbox_token_file)
     stats_path = out.with_name(out.stem + ".stats.json")
     done = {(str(r.get("id")), int(r.get("sample", 0))) for r in read_jsonl_if_exists(out)}
     items = make_items(problems, args.samples, done)

@@ -2,12 +2,15 @@
 
 A thin wrapper: options map one-to-one onto `python -m sandboxd`. The daemon prints one line
 saying where it listens and which isolation layers are active, and a WARNING line for each layer
-the host refuses. Tested in tests/sandboxd/test_serve_sandbox.py (--help, and a real serve/stop).
+the host refuses. With `--token-file` (or $RSTAR2_SANDBOX_TOKEN) every endpoint but /healthz
+wants the token; without one only a loopback `--host` is served, unless `--insecure-no-auth`.
+Tested in tests/sandboxd/test_serve_sandbox.py (--help, and a real serve/stop).
 """
 
 from __future__ import annotations
 
 import importlib.util
+from pathlib import Path
 
 import typer
 
@@ -55,13 +58,32 @@ def serve_sandbox(
     preload: str = typer.Option(
         "", "--preload", help="Comma-separated modules each zygote imports (default: math stack)."
     ),
+    token_file: Path | None = typer.Option(
+        None,
+        "--token-file",
+        metavar="PATH",
+        help="File holding the token clients must send (mode 600). Default: "
+        "$RSTAR2_SANDBOX_TOKEN; without either, only a loopback --host is served.",
+    ),
+    insecure_no_auth: bool = typer.Option(
+        False,
+        "--insecure-no-auth",
+        help="Serve a non-loopback --host without a token: anyone who reaches it runs code.",
+    ),
 ) -> None:
     """Serve the Python tool sandbox over HTTP (native batch, SandboxFusion and code-judge APIs)."""
     import asyncio
 
     from rstar2cli.errors import UserError
+    from sandboxd.auth import TokenError, check_bind, load_token
     from sandboxd.pool import PoolConfig
     from sandboxd.server import serve
+
+    try:
+        token = load_token(token_file)
+        check_bind(host, token, insecure_no_auth)
+    except TokenError as exc:
+        raise UserError(str(exc)) from None
 
     config = PoolConfig(
         num_workers=workers,
@@ -79,7 +101,16 @@ def serve_sandbox(
         if missing:
             raise UserError(f"--preload: no module named {', '.join(missing)}")
     try:
-        asyncio.run(serve(config, host, port, idle_timeout_s=idle_timeout_s))
+        asyncio.run(
+            serve(
+                config,
+                host,
+                port,
+                idle_timeout_s=idle_timeout_s,
+                token=token,
+                insecure_no_auth=insecure_no_auth,
+            )
+        )
     except OSError as exc:
         raise UserError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
 

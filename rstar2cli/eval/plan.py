@@ -34,7 +34,18 @@ class Plan:
 
     @classmethod
     def check(
-        cls, names, files, model, endpoints, tokenizer, sandboxes, engine, out, ks, n
+        cls,
+        names,
+        files,
+        model,
+        endpoints,
+        tokenizer,
+        sandboxes,
+        engine,
+        out,
+        ks,
+        n,
+        sandbox_token_file=None,
     ) -> Plan:
         from rstar2cli.eval import benchmarks as B
 
@@ -64,7 +75,7 @@ class Plan:
         plan._check_engine_side(model, endpoints, tokenizer)
         plan.sandbox_urls = list(sandboxes)
         if sandboxes:
-            check_sandboxes(sandboxes)
+            check_sandboxes(sandboxes, sandbox_token_file)
         plan.benchmarks = [B.load_benchmark(nm) for nm in names] + [B.load_local(p) for p in files]
         # NOTE: last, so a bad input above leaves no --out folder behind
         check_output_path(out)

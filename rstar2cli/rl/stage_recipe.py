@@ -325,6 +325,11 @@ class SandboxConfig(RecipeModel):
         default_factory=list,
         description="sandboxd URLs (`--sandbox` overrides); empty: an in-process sandbox pool.",
     )
+    token_file: str | None = Field(
+        None,
+        description="File holding the daemons' token, never the token itself "
+        "(`--sandbox-token-file` overrides); unset: $RSTAR2_SANDBOX_TOKEN, if set.",
+    )
     num_local_workers: int = Field(2, ge=1, description="Workers of the in-process pool.")
     max_sandbox_error_share: float = Field(
         0.05,

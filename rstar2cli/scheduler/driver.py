@@ -321,7 +321,11 @@ class _Run:
         self.events.put_nowait(("gen", key, out))
 
     async def _tool(self, key: int, job: Any) -> None:
-        result = await self.tools.run(job)
+        try:
+            result = await self.tools.run(job)
+        except UserError as exc:  # the sandbox refused this client: no call can succeed
+            self.events.put_nowait(("fatal", key, exc))
+            return
         self.events.put_nowait(("tool", key, result))
 
     def _on_generated(self, key: int, out: Any) -> None:

@@ -15,7 +15,7 @@ from scripted import ScriptedEngine
 from rstar2cli import protocol as P
 from rstar2cli.agent.loop import AgentConfig, ToolBatcher
 from rstar2cli.data.tiny import build_tokenizer
-from rstar2cli.errors import EngineDead
+from rstar2cli.errors import EngineDead, UserError
 from rstar2cli.reward.grader import Grader
 from rstar2cli.rollout_job import (
     GradedSink,
@@ -118,6 +118,45 @@ def test_an_engine_that_dies_stops_the_run_keeping_only_what_finished_before_it(
         (0, "answer", 1.0), (1, "answer", 1.0), (2, "answer", 1.0),
     ]  # fmt: skip
     assert len(engine.requests) == 4
+
+
+def test_a_sandbox_that_refuses_the_token_stops_the_run_with_no_tool_error(
+    tok, tmp_path, monkeypatch
+):
+    # a real daemon that wants a token, a client sending none: no call can run, so the run stops
+    # with one line instead of writing trajectories whose tool calls ended in sandbox_error
+    from sandboxd.client import SandboxClient
+    from sandboxd.server import spawn_daemon
+
+    monkeypatch.delenv("RSTAR2_SANDBOX_TOKEN", raising=False)
+    token_file = tmp_path / "sandbox.token"
+    token_file.write_text("rollout-job-token-77\n")
+    token_file.chmod(0o600)
+    # every trajectory (request ids t0-s0, t1-s0, ...) calls the tool first
+    engine = ScriptedEngine(tok, {f"t{i}": [LEAKY_CALL, OWN_ANSWER] for i in range(3)})
+    items = make_items([ITEM], 3)
+
+    async def go(sink, url):
+        async with SandboxClient([url], timeout_s=30.0) as client:
+            await rollout_and_grade(
+                [engine],
+                items,
+                tok,
+                AgentConfig(max_turns=4, max_response_tokens=600, seed=seed_base(0)),
+                SchedulerConfig(),
+                ToolBatcher(client),
+                sink,
+            )
+
+    extra = ("--token-file", str(token_file))
+    with spawn_daemon(workers=1, timeout_s=5.0, extra_args=extra) as daemon:
+        with Grader(num_workers=1, strict=True) as grader:
+            sink = GradedSink(grader, flush_every=None)
+            with pytest.raises(UserError, match=f"sandbox at {daemon.url} answered 401") as err:
+                asyncio.run(go(sink, daemon.url))
+            sink.flush()
+    assert "rollout-job-token-77" not in str(err.value)
+    assert sink.rows == [] and len(engine.requests) == 3  # each made its call, none went on
 
 
 def test_items_number_samples_per_problem_and_skip_done():
