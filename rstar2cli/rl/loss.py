@@ -7,6 +7,9 @@ paper's "clip higher", which leaves more room to raise low-probability tokens). 
 over all model tokens of the batch (tool-response tokens have mask 0), not per sequence first, so
 long trajectories weigh in proportion to their tokens.
 
+`token_weights` (constants, [B, T]) multiply each token's clip term: the importance-sampling
+weights and masks of rstar2cli/rl/correction.py; the denominator stays the model-token count.
+
 Optional, off by default as in the paper: a KL penalty to a reference policy (k3 estimator,
 exp(ref - logp) - (ref - logp) - 1, unbiased and >= 0) and an entropy bonus.
 
@@ -70,6 +73,7 @@ def ppo_clip_loss(
     entropy: torch.Tensor | None = None,
     entropy_coef: float = 0.0,
     num_batch_tokens: int | None = None,
+    token_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, LossMetrics]:
     """Returns (scalar loss with grad through `logprobs` (and `entropy`), metrics).
 
@@ -91,6 +95,8 @@ def ppo_clip_loss(
     unclipped = ratio * advantages  # [B, T]
     clipped = torch.clamp(ratio, 1.0 - eps_low, 1.0 + eps_high) * advantages  # [B, T]
     per_token = -torch.minimum(unclipped, clipped)  # [B, T]
+    if token_weights is not None:
+        per_token = per_token * token_weights.detach()  # [B, T]
 
     num_tokens = int(mask.sum().item())
     denom = float(num_batch_tokens if num_batch_tokens is not None else max(num_tokens, 1))

@@ -72,7 +72,14 @@ def select(records: list[dict[str, Any]], recipe: RlRecipe, step: int) -> Select
     rewards = torch.tensor([float(r["reward"]) for r in chosen])  # [N]
     adv = group_advantages(rewards, torch.tensor(group_ids, dtype=torch.long))  # [N]
     out.samples = [
-        TrainSample(r["prompt_ids"], r["response_ids"], r["loss_mask"], float(a))
+        TrainSample(
+            r["prompt_ids"],
+            r["response_ids"],
+            r["loss_mask"],
+            float(a),
+            rollout_logprobs=r.get("rollout_logprobs"),
+            num_stale_tokens=int(r.get("stale_tokens", 0)),
+        )
         for r, a in zip(chosen, adv.tolist(), strict=False)
     ]
     return out
@@ -109,10 +116,16 @@ def rollout_metrics(records: list[dict[str, Any]], sel: Selection) -> dict[str, 
 
 
 def update_metrics(sums: list[UpdateSums]) -> dict[str, Any]:
-    """Token-weighted means over ranks of the trainer's sums."""
+    """Token-weighted means over ranks of the trainer's sums, and the correction's metrics
+    (rstar2cli/rl/correction.py) over all ranks' tokens."""
+    from rstar2cli.rl.correction import CorrectionSums
+
     tokens = sum(s.num_tokens for s in sums)
     if tokens == 0:
         return {"num_train_tokens": 0}
+    correction = CorrectionSums()
+    for s in sums:
+        correction.add(s.correction)
     norms = [g for s in sums[:1] for g in s.grad_norms]
     low, high = sum(s.clip_low for s in sums) / tokens, sum(s.clip_high for s in sums) / tokens
     return {
@@ -125,4 +138,5 @@ def update_metrics(sums: list[UpdateSums]) -> dict[str, Any]:
         "entropy": sum(s.entropy for s in sums) / tokens,
         "grad_norm": norms[-1] if norms else None,
         "lr": sums[0].lr,
+        **correction.metrics(),
     }

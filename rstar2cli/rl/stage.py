@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rstar2cli.errors import EngineDead, UserError
+from rstar2cli.rl.correction import METRIC_KEYS as CORRECTION_METRICS
 from rstar2cli.rl.partial import CARRY_FILE, Carry
 from rstar2cli.rl.selection import rollout_metrics, select, update_metrics
 from rstar2cli.rl.stage_recipe import RlRecipe
@@ -85,6 +86,9 @@ class StageRun:
         self.saved_step = 0  # the newest checkpoint's step: where a rerun resumes
         self.stop = StopSignals()
         self.carry = Carry()  # partial rollout: what the last step carried into the next
+        # updates the engines' weights have had (a resumed run: its checkpoint's step); each
+        # model turn records it (rl/correction.py's stale tokens are the ones made before it)
+        self.policy_version = 0
 
     # -- set-up ---------------------------------------------------------------------------
 
@@ -101,6 +105,7 @@ class StageRun:
             template=self.recipe.data.template,
             max_tool_output_chars=r.max_tool_output_chars,
             tool_timeout_s=r.tool_timeout_s,
+            policy_version=self.policy_version,
         )
 
     def _start_trainers(self, placement: Any) -> tuple[int, bool]:
@@ -113,7 +118,11 @@ class StageRun:
         if placement is not None:
             options = [placement.options(slot) for slot in placement.plan.trainers]
         self.trainers = make_trainers(
-            self.model, r.train, self.opts.ray_address, actor_options=options
+            self.model,
+            r.train,
+            self.opts.ray_address,
+            actor_options=options,
+            correction=r.correction,
         )
         client = self.trainers.load_checkpoint(self.ckpt_dir)
         if client is not None:
@@ -139,7 +148,7 @@ class StageRun:
         r = self.recipe
         placement = self._place() if self.uses_ray else None
         start, push_first = self._start_trainers(placement)
-        self.saved_step = start
+        self.saved_step = self.policy_version = start
         if start:
             print(f"rl-stage: resuming from step {start} (checkpoint in {self.ckpt_dir})")
             carry_file = self.ckpt_dir / f"step{start}" / CARRY_FILE
@@ -334,7 +343,13 @@ class StageRun:
         rep.phase("update")
         t0 = time.perf_counter()
         sel = select(records, r, step)
-        row: dict[str, Any] = {"step": step + 1, **rollout_metrics(records, sel), **partial_row}
+        row: dict[str, Any] = {
+            "step": step + 1,
+            **rollout_metrics(records, sel),
+            "stale_token_share": 0.0,  # without partial rollout every token is the step's own
+            **dict.fromkeys(CORRECTION_METRICS),  # None unless the step trains
+            **partial_row,
+        }
         if stats.drafts[0]:  # speculative decoding drafted in this step's rollout
             row.update(draft_tokens=stats.drafts[0], draft_acceptance=stats.draft_acceptance)
         if sel.samples:
@@ -344,6 +359,7 @@ class StageRun:
             rep.phase("sync")
             t0 = time.perf_counter()
             row.update(await self._push_weights())
+            self.policy_version = step + 1
             sync_s = time.perf_counter() - t0
         else:
             update_s = sync_s = 0.0

@@ -291,6 +291,66 @@ class RlTrainConfig(RecipeModel):
     seed: int = Field(0, description="Seed of data order, sampling, RoC draws and torch RNG.")
 
 
+class CorrectionConfig(RecipeModel):
+    """Importance-sampling correction for the engine's sampling (formulas: rl/correction.py)."""
+
+    token_is_cap: float | None = Field(
+        2.0,
+        gt=0.0,
+        description="Token-level truncated importance sampling: weight each model token's clip "
+        "term by min(pi_old / mu, cap), mu the engine's probability of the token. 2.0 is the "
+        "cap of verl (rollout_is_threshold), slime (--tis-clip) and rLLM (tis_cap); null: off. "
+        "Not with bypass.",
+    )
+    token_mask_low: float | None = Field(
+        None, gt=0.0, description="Token mask: drop tokens with pi_old / mu below this; null: none."
+    )
+    token_mask_high: float | None = Field(
+        None, gt=0.0, description="Token mask: drop tokens with pi_old / mu above this; null: none."
+    )
+    seq_mask_low: float | None = Field(
+        None,
+        gt=0.0,
+        description="Sequence mask: drop trajectories whose geometric-mean pi_old / mu over model "
+        "tokens is below this (SkyRL's first choice: 0.99); null: none.",
+    )
+    seq_mask_high: float | None = Field(
+        None,
+        gt=0.0,
+        description="Sequence mask: drop trajectories whose geometric-mean ratio is above this "
+        "(SkyRL: 1.01); null: none.",
+    )
+    bypass: bool = Field(
+        False,
+        description="Use the engine's log-probs as pi_old: the PPO ratio is pi / mu and the "
+        "trainer's old-log-prob pass is skipped (one forward pass fewer per step).",
+    )
+    mask_stale: bool = Field(
+        False,
+        description="Partial rollout: drop the tokens sampled under an older policy version "
+        "(made in an earlier step) from the loss, as slime's --mask-offpolicy-in-partial-rollout.",
+    )
+
+    @model_validator(mode="after")
+    def _consistent(self) -> CorrectionConfig:
+        for name in ("token_mask", "seq_mask"):
+            low, high = getattr(self, f"{name}_low"), getattr(self, f"{name}_high")
+            if low is not None and high is not None and low >= high:
+                raise ValueError(f"{name}_low ({low}) must be below {name}_high ({high})")
+        if self.bypass and self.token_is_cap is not None:
+            raise ValueError(
+                "bypass makes the PPO ratio pi / mu, already the importance ratio: set "
+                "token_is_cap to null with bypass (the masks still apply)"
+            )
+        return self
+
+    @property
+    def reads_ratios(self) -> bool:
+        """Whether the update depends on the engine's log-probs (not only on stale counts)."""
+        bounds = (self.token_mask_low, self.token_mask_high, self.seq_mask_low, self.seq_mask_high)
+        return self.bypass or self.token_is_cap is not None or any(b is not None for b in bounds)
+
+
 class CheckpointConfig(RecipeModel):
     every_steps: int = Field(
         10, ge=1, description="Save model, optimizer, LR schedule, RNG, data cursor every N steps."
@@ -352,6 +412,10 @@ class RlRecipe(RecipeModel):
     roc: RocConfig = Field(default_factory=RocConfig, description="GRPO-RoC down-sampling.")
     reward: RewardConfig = Field(default_factory=RewardConfig, description="Answer checking.")
     train: RlTrainConfig = Field(default_factory=RlTrainConfig, description="Policy update.")
+    correction: CorrectionConfig = Field(
+        default_factory=CorrectionConfig,
+        description="Correction for the engine's sampling distribution (rl/correction.py).",
+    )
     checkpoint: CheckpointConfig = Field(
         default_factory=CheckpointConfig, description="Checkpoints."
     )
@@ -408,6 +472,23 @@ class RlRecipe(RecipeModel):
                 f"must be num_engines x tensor_parallel_size = {gpus}, not {train.num_trainer_ranks}"
             )
         return train
+
+    @field_validator("correction")
+    @classmethod
+    def _correction_vs_sampling(
+        cls, correction: CorrectionConfig, info: ValidationInfo
+    ) -> CorrectionConfig:
+        rollout = info.data.get("rollout")
+        if rollout is None or not correction.reads_ratios:
+            return correction
+        if rollout.temperature != 1.0 or rollout.top_p != 1.0:
+            raise ValueError(
+                f"the trainer scores at temperature 1 without top-p, so the engine's log-probs at "
+                f"temperature {rollout.temperature:g}, top_p {rollout.top_p:g} are no importance "
+                "ratio: sample at 1.0 and 1.0, or set correction.token_is_cap, the masks to null "
+                "and bypass to false"
+            )
+        return correction
 
     @field_validator("eval")
     @classmethod

@@ -40,17 +40,35 @@ SCALARS = (
     "time_grade_s",
     "time_update_s",
     "time_sync_s",
-    "stale_token_share",  # partial rollout only
+    "stale_token_share",  # 0 without partial rollout
     "num_carried",
+    "mismatch_kl",  # rstar2cli/rl/correction.py
+    "is_ratio_mean",
+    "is_ratio_max",
+    "truncated_token_share",
+    "masked_token_share",
+    "masked_sequence_share",
 )
 
-PLOTS = (
-    ("reward", "reward (mean over rollouts)"),
-    ("eval_accuracy", "held-out accuracy"),
-    ("tool_error_share_correct", "tool-error share in correct trajectories"),
-    ("response_tokens", "response length (tokens)"),
-    ("entropy", "token entropy"),
-    ("clip_frac", "clip fraction"),
+# (keys drawn in one panel, its title)
+PLOTS: tuple[tuple[tuple[str, ...], str], ...] = (
+    (("reward",), "reward (mean over rollouts)"),
+    (("eval_accuracy",), "held-out accuracy"),
+    (("tool_error_share_correct",), "tool-error share in correct trajectories"),
+    (("response_tokens",), "response length (tokens)"),
+    (("entropy",), "token entropy"),
+    (("clip_frac",), "clip fraction"),
+    (("mismatch_kl",), "engine vs trainer: k3 KL(mu || pi_old)"),
+    (("is_ratio_mean", "is_ratio_max"), "importance ratio pi_old / mu"),
+    (
+        (
+            "truncated_token_share",
+            "masked_token_share",
+            "masked_sequence_share",
+            "stale_token_share",
+        ),
+        "corrected shares",
+    ),
 )
 
 
@@ -137,8 +155,10 @@ def headline(row: dict[str, Any]) -> str:
             f"kept {row['num_kept']}",
             f"len {row['response_tokens']:.0f}",
         ]
-        if "stale_token_share" in row:  # partial rollout
+        if row.get("stale_token_share"):  # partial rollout
             parts.append(f"stale {row['stale_token_share']:.0%}")
+        if row.get("mismatch_kl") is not None:
+            parts.append(f"mismatch {row['mismatch_kl']:.1e}")
     if row.get("eval_accuracy") is not None:
         parts.append(f"eval {row['eval_accuracy']:.2f}")
     return " | ".join(parts)
@@ -163,12 +183,15 @@ def plot_metrics(rows: list[dict[str, Any]], path: Path, title: str) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(2, 3, figsize=(13, 7))
-    for ax, (key, label) in zip(axes.flat, PLOTS, strict=False):
-        points = [(r["step"], r[key]) for r in rows if r.get(key) is not None]
-        if points:
-            xs, ys = zip(*points, strict=False)
-            ax.plot(xs, ys, marker="o", markersize=3)
+    fig, axes = plt.subplots(3, 3, figsize=(13, 10))
+    for ax, (keys, label) in zip(axes.flat, PLOTS, strict=False):
+        for key in keys:
+            points = [(r["step"], r[key]) for r in rows if r.get(key) is not None]
+            if points:
+                xs, ys = zip(*points, strict=False)
+                ax.plot(xs, ys, marker="o", markersize=3, label=key)
+        if len(keys) > 1:
+            ax.legend(fontsize=7)
         ax.set_title(label, fontsize=10)
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)

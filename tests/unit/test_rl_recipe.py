@@ -171,3 +171,23 @@ def test_speculative_is_a_recipe_field_checked_like_the_option(tmp_path):
     data["rollout"].update(speculative="ngram:4", engine="hf")
     with pytest.raises(UserError, match="speculative need engine: vllm"):
         load_recipe(_write(tmp_path, data), RlRecipe)
+
+
+def test_correction_section_and_its_check_against_the_sampling_temperature(tmp_path):
+    data = _tiny()
+    data["correction"] = {"token_is_cap": None, "seq_mask_low": 0.99, "seq_mask_high": 1.01}
+    recipe = load_recipe(_write(tmp_path, data), RlRecipe)
+    assert (recipe.correction.seq_mask_low, recipe.correction.token_is_cap) == (0.99, None)
+    data["rollout"]["temperature"] = 0.8
+    with pytest.raises(UserError, match="temperature 0.8, top_p 1 are no importance ratio"):
+        load_recipe(_write(tmp_path, data), RlRecipe)
+    # nothing that reads the ratios: any temperature
+    data["correction"] = {"token_is_cap": None, "mask_stale": True}
+    assert load_recipe(_write(tmp_path, data), RlRecipe).correction.mask_stale
+    for bad, message in [
+        ({"tis": 1}, "correction.tis: Extra inputs"),
+        ({"bypass": True, "token_is_cap": 2.0}, "token_is_cap to null with bypass"),
+    ]:
+        data["correction"] = bad
+        with pytest.raises(UserError, match=message):
+            load_recipe(_write(tmp_path, data), RlRecipe)
