@@ -169,6 +169,7 @@ class StageRun:
                     r.sandbox.urls,
                     timeout_s=r.rollout.tool_timeout_s,
                     num_workers=r.sandbox.num_local_workers,
+                    token_file=r.sandbox.token_file,
                 ),
             ) as (self.engines, tools):
                 await self._start_sync()
@@ -565,7 +566,7 @@ def prepare_stage(recipe: RlRecipe) -> StageInputs:
     from rstar2cli.rollout_job import drop_long_prompts
 
     if recipe.sandbox.urls:
-        check_sandboxes(recipe.sandbox.urls)
+        check_sandboxes(recipe.sandbox.urls, recipe.sandbox.token_file)
     d, max_prompt = recipe.data, recipe.rollout.max_prompt_tokens
     train = load_problems(d.train, max_problems=d.max_problems)
     eval_problems: list[dict[str, Any]] = []
