@@ -18,7 +18,8 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip uninstall -y torchvision torchaudio torchcodec
 	touch $(STAMP)
 
-test: install
+# the suite's real-model test runs on SmolLM2 (tests/integration/test_smollm2.py)
+test: install smollm2
 	$(BIN)/python -m pytest -q -ra $(PYTEST_ARGS)
 
 test-unit: install

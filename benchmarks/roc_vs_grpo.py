@@ -9,6 +9,11 @@ the reward and the held-out accuracy of both runs into OUT/roc_vs_grpo.png, and 
 Run (from the repository root, after `rstar2 sft-coldstart --recipe recipes/tiny/sft.yaml --out
 runs/tiny-sft`):
     python benchmarks/roc_vs_grpo.py --model runs/tiny-sft/final --out runs/roc_vs_grpo
+On a real model (after `make smollm2` and `rstar2 sft-coldstart --recipe
+recipes/pretrained/sft.yaml --out runs/smollm2-sft`):
+    python benchmarks/roc_vs_grpo.py --model runs/smollm2-sft/final --recipe recipes/pretrained/rl.yaml \
+      --steps 10 --set eval.every_steps=2 --set eval.num_problems=32 --out runs/roc_vs_grpo_smollm2 \
+      --json runs/roc_vs_grpo_smollm2/roc_vs_grpo.json
 Each run resumes if interrupted (rerun the same command). Extra `--set` values go to both runs.
 """
 
@@ -28,7 +33,7 @@ RUNS = {
 
 
 def run_stage(
-    name: str, model: str, out: Path, steps: int, seed: int, extra: list[str]
+    name: str, model: str, out: Path, steps: int, seed: int, extra: list[str], recipe: Path
 ) -> list[dict]:
     sets = [*RUNS[name], f"train.num_steps={steps}", f"train.seed={seed}", *extra]
     cmd = [
@@ -37,7 +42,7 @@ def run_stage(
         "rstar2cli.cli",
         "rl-stage",
         "--recipe",
-        str(REPO / "recipes/tiny/rl.yaml"),
+        str(recipe),
         "--out",
         str(out),
         "--init-from",
@@ -97,7 +102,7 @@ def plot(results: dict[str, list[dict]], path: Path) -> None:
         ax.set_xlabel("RL step")
         ax.grid(alpha=0.3)
         ax.legend()
-    fig.suptitle("GRPO-RoC vs GRPO on the tiny default (miniature of rStar2-Agent Figure 4)")
+    fig.suptitle("GRPO-RoC vs GRPO from one SFT model (a miniature of rStar2-Agent Figure 4)")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -117,6 +122,14 @@ def main() -> None:
     ap.add_argument(
         "--out", default=str(REPO / "runs/roc_vs_grpo"), help="folder for both runs and the PNG"
     )
+    ap.add_argument(
+        "--recipe",
+        type=Path,
+        default=REPO / "recipes/tiny/rl.yaml",
+        help="RL recipe of both runs (recipes/pretrained/rl.yaml for a pretrained model such as "
+        "SmolLM2; add --set eval.every_steps=2 for held-out accuracy per step)",
+    )
+    ap.add_argument("--json", type=Path, default=None, help="write both runs' rows and summaries")
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument(
@@ -126,13 +139,31 @@ def main() -> None:
     out = Path(args.out)
     results = {
         name: run_stage(
-            name, args.model, out / name.lower().replace("-", "_"), args.steps, args.seed, args.sets
+            name,
+            model=args.model,
+            out=out / name.lower().replace("-", "_"),
+            steps=args.steps,
+            seed=args.seed,
+            extra=args.sets,
+            recipe=args.recipe,
         )
         for name in RUNS
     }
     png = out / "roc_vs_grpo.png"
     plot(results, png)
     summary = {name: summarise(rows) for name, rows in results.items()}
+    if args.json:
+        per_step = {
+            name: [
+                {
+                    k: r.get(k)
+                    for k in ("step", "tool_error_share_correct", "reward", "eval_accuracy")
+                }
+                for r in rows
+            ]
+            for name, rows in results.items()
+        }
+        args.json.write_text(json.dumps({"summary": summary, "steps": per_step}, indent=2) + "\n")
     cols = [
         "err in correct (1st half)",
         "(2nd half)",

@@ -84,6 +84,13 @@ def _chunk_stats(
     return logp, entropy
 
 
+def additive_mask(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """[B, 1, L, L] boolean -> the additive mask attention kernels take: 0 where allowed, the
+    dtype's lowest value elsewhere (not -inf: a row with nothing allowed would give NaN)."""
+    zeros = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device)
+    return zeros.masked_fill(~allowed, torch.finfo(dtype).min)
+
+
 class ScoringLM(nn.Module):
     """A causal LM whose forward returns per-target log-probs (and entropy), chunked."""
 
@@ -104,8 +111,13 @@ class ScoringLM(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """input_ids [B, L]; position (rows[i], cols[i]) predicts targets[i] (all [N]).
 
+        attention_mask: [B, L] (1: a token, 0: padding; causal), or [B, 1, L, L] boolean (True:
+        may attend), used as it is (shared-prompt rows, rstar2cli/rl/shared_prompt.py).
+
         Returns (logprobs [N], entropy [N] or None), see `chunked_logprobs`.
         """
+        if attention_mask is not None and attention_mask.dim() == 4:
+            attention_mask = additive_mask(attention_mask, self.lm.dtype)
         out = self.lm.get_decoder()(
             input_ids=input_ids,
             attention_mask=attention_mask,

@@ -36,6 +36,7 @@ class Step:
 @dataclass
 class QuickstartSettings:
     recipes_dir: Path
+    model: Path | None = None  # a local HF causal-LM folder; None: the tiny model the recipe builds
     num_problems: int = 2000  # train + held-out test (80/20), as the tiny recipes were tuned on
     seed: int = 0
     eval_problems: int = 100  # the first N of the held-out split
@@ -43,6 +44,12 @@ class QuickstartSettings:
     eval_temperature: float = 0.6
     eval_max_turns: int = 3
     eval_max_response_tokens: int = 384
+
+
+def pretrained_settings(recipes_dir: Path, model: Path) -> QuickstartSettings:
+    """The quickstart from a pretrained model (`--model`): its evals are smaller, since each
+    sample costs ~100x the tiny model's on a CPU (SmolLM2-135M: ~96 generated tokens/s)."""
+    return QuickstartSettings(recipes_dir=recipes_dir, model=model, eval_problems=50)
 
 
 def plan_steps(out: Path, s: QuickstartSettings) -> list[Step]:
@@ -88,6 +95,7 @@ def plan_steps(out: Path, s: QuickstartSettings) -> list[Step]:
                 str(sft_dir),
                 "--set",
                 sources,
+                *([] if s.model is None else ["--set", f"model={s.model}"]),
             ],
             sft_dir / "final" / "config.json",
         ),  # fmt: skip

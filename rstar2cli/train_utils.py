@@ -391,3 +391,12 @@ def stream_indices(start: int, count: int, num_examples: int, seed: int) -> list
             perms[epoch] = torch.randperm(num_examples, generator=g).tolist()
         out.append(perms[epoch][pos % num_examples])
     return out
+
+
+def local_grad_norm(module: Any) -> float:
+    """The L2 norm of the gradients held in `module`'s parameters (ZeRO-0, after the boundary's
+    all-reduce: the global norm; DeepSpeed reports it itself only under bf16 or ZeRO 1-3)."""
+    import torch
+
+    norms = [p.grad.detach().float().norm() for p in module.parameters() if p.grad is not None]
+    return float(torch.linalg.vector_norm(torch.stack(norms))) if norms else 0.0

@@ -11,6 +11,8 @@ import typer
 from rstar2cli.errors import UserError
 
 REPO_RECIPES = Path(__file__).resolve().parents[2] / "recipes" / "tiny"
+# for --model: sized for a ~100M-parameter pretrained model on a CPU (tuned on SmolLM2-135M)
+PRETRAINED_RECIPES = REPO_RECIPES.parent / "pretrained"
 
 
 def quickstart(
@@ -28,8 +30,15 @@ def quickstart(
     sandbox_workers: int = typer.Option(
         2, "--sandbox-workers", min=1, help="Sandbox worker slots."
     ),
+    model: Path | None = typer.Option(
+        None,
+        "--model",
+        metavar="DIR",
+        help="A local HF causal-LM folder to start from instead of the tiny model (e.g. the one "
+        "`make smollm2` builds); uses recipes/pretrained/, sized for ~100M parameters on a CPU.",
+    ),
 ) -> None:
-    """Run data -> cold-start SFT -> sandbox daemon -> eval -> GRPO-RoC -> eval on a tiny local model.
+    """Run data -> cold-start SFT -> sandbox daemon -> eval -> GRPO-RoC -> eval on a local model.
 
     Uses the same commands a user chains (their exact arguments are written to OUT/pipeline.sh),
     a real sandbox daemon it starts and stops itself, vLLM (CPU build) engines and DeepSpeed. A
@@ -42,10 +51,11 @@ def quickstart(
     from rstar2cli.fileio import check_output_path, read_jsonl_if_exists, write_json_atomic
 
     console = Console()
-    if not (REPO_RECIPES / "sft.yaml").is_file() or not (REPO_RECIPES / "rl.yaml").is_file():
-        raise UserError(
-            f"tiny recipes not found in {REPO_RECIPES}: run from a checkout of rstar2cli"
-        )
+    recipes = REPO_RECIPES if model is None else PRETRAINED_RECIPES
+    if not (recipes / "sft.yaml").is_file() or not (recipes / "rl.yaml").is_file():
+        raise UserError(f"recipes not found in {recipes}: run from a checkout of rstar2cli")
+    if model is not None and not (model / "config.json").is_file():
+        raise UserError(f"--model {model}: no config.json there; give an HF model folder")
     if out.exists() and not out.is_dir():
         raise UserError(f"--out {out} is a file; give a folder")
     if fresh and out.exists() and any(out.iterdir()):
@@ -57,7 +67,10 @@ def quickstart(
         shutil.rmtree(out)
     check_output_path(out)
     started = time.monotonic()
-    steps = pipeline.plan_steps(out, pipeline.QuickstartSettings(recipes_dir=REPO_RECIPES))
+    settings = pipeline.QuickstartSettings(recipes_dir=recipes)
+    if model is not None:
+        settings = pipeline.pretrained_settings(recipes, model.resolve())
+    steps = pipeline.plan_steps(out, settings)
     (out / "pipeline.sh").write_text(pipeline.shell_script(steps), encoding="utf-8")
     console.print(
         f"[bold]rstar2 quickstart[/] -> {out}  (the same commands: {out / 'pipeline.sh'})"

@@ -61,7 +61,7 @@ def load_from_gguf(path: Path) -> tuple[Any, Any]:
 
     _require_loader_packages()
     tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
-    model = AutoModelForCausalLM.from_pretrained(
+    model: Any = AutoModelForCausalLM.from_pretrained(
         path.parent, gguf_file=path.name, dtype=torch.float32
     )
     # NOTE: save_pretrained refuses a model still marked as quantized; the tensors are plain fp32

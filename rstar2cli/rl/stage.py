@@ -401,10 +401,11 @@ class StageRun:
         t = self.recipe.train
         plan, tokens = plan_update(
             samples,
-            t.num_mini_batches,
-            self.trainers.world,
-            t.max_tokens_per_micro_batch,
-            (t.seed, step, 2),
+            num_mini_batches=t.num_mini_batches,
+            world=self.trainers.world,
+            max_tokens_per_micro_batch=t.max_tokens_per_micro_batch,
+            seed_key=(t.seed, step, 2),
+            share_prompt_rows=t.share_prompt_rows,
         )
         return self.trainers.update(plan, tokens)
 

@@ -106,10 +106,12 @@ class RolloutConfig(RecipeModel):
         description="Engines share the trainer ranks' GPUs (one rank per engine GPU) and sleep "
         "while the trainer updates (vllm only; the public release's layout).",
     )
-    kv_cache_tokens: int = Field(
-        DEFAULT_KV_CACHE_TOKENS,
+    kv_cache_tokens: int | None = Field(
+        None,
         ge=16,
-        description="KV cache per engine in tokens (sized by bytes, so engines share a box).",
+        description="KV cache per engine in tokens (sized by bytes, so engines share a box). "
+        "None: on a GPU what the engine's memory share leaves after its weights (read back "
+        f"from vLLM), elsewhere {DEFAULT_KV_CACHE_TOKENS}.",
     )
     max_prompt_tokens: int = Field(
         1024,
@@ -185,7 +187,7 @@ class RolloutConfig(RecipeModel):
     @model_validator(mode="after")
     def _kv_fits_one_trajectory(self) -> RolloutConfig:
         need = self.max_prompt_tokens + self.max_response_tokens
-        if self.kv_cache_tokens < need:
+        if self.kv_cache_tokens is not None and self.kv_cache_tokens < need:
             raise ValueError(
                 f"kv_cache_tokens ({self.kv_cache_tokens}) cannot hold one trajectory: "
                 f"max_prompt_tokens + max_response_tokens = {need}"
@@ -273,6 +275,13 @@ class RlTrainConfig(RecipeModel):
         description="Most tokens per forward pass on one rank, padding included: trajectories "
         "are packed longest first while rows x longest row fits (release: "
         "ppo_max_token_len_per_gpu 20480 with use_dynamic_bsz). The memory knob.",
+    )
+    share_prompt_rows: bool = Field(
+        False,
+        description="Train the kept samples of one prompt in one row that holds the prompt "
+        "once (rstar2cli/rl/shared_prompt.py; the same gradients). Pays where prompts are long "
+        "next to responses; needs an attention kernel that takes a dense mask (sdpa, eager), so "
+        "it is off for FlashAttention runs.",
     )
     gradient_checkpointing: bool = Field(
         True,

@@ -7,10 +7,13 @@ ranks and cut into micro-batches of at most `max_tokens_per_micro_batch` padded 
 rank gets the same number of micro-batches per mini-batch (the short ones padded with empty
 micro-batches), because under ZeRO every forward (ZeRO-3) and every backward (ZeRO-2/3) is a
 collective that all ranks must enter. The rank then
-1. computes the old log-probs of every model token of its plan with the weights as they were
-   before the step (no grad; also the reference log-probs when a KL term is on), so from the
-   second mini-batch on the ratio differs from 1 and the clip (eps_low, eps_high) acts; the
-   entropy metric comes from this pass too (the policy before the step, as verl reports it),
+1. computes the old log-probs of every model token of mini-batches 2.. with the weights as they
+   were before the step (no grad; also the reference log-probs when a KL term is on), so from
+   the second mini-batch on the ratio differs from 1 and the clip (eps_low, eps_high) acts; the
+   entropy metric comes from this pass too (the policy before the step, as verl reports it).
+   The first mini-batch needs no such pass: it is trained before any step, so its training
+   forward gives pi_old itself (detached) and the entropy (with one mini-batch, the paper's
+   setting, this saves a third of the update's work),
 2. per mini-batch: forward each micro-batch (`rstar2cli.lm_scoring.ScoringLM`: log-probs of
    model tokens only, computed in chunks), token-level PPO-clip loss
    (`rstar2cli.rl.loss.ppo_clip_loss`) normalised by the mini-batch's model-token count over all
@@ -49,13 +52,18 @@ from typing import TYPE_CHECKING, Any
 from rstar2cli import protocol as P
 from rstar2cli.rl.correction import CorrectionSums, token_weights
 from rstar2cli.rl.loss import ppo_clip_loss
+from rstar2cli.rl.shared_prompt import collate_shared
 from rstar2cli.rl.stage_recipe import CorrectionConfig, RlTrainConfig
+from rstar2cli.train_utils import local_grad_norm
 
 if TYPE_CHECKING:
     from rstar2cli.scheduler.weight_sync import SyncPlan
 
 # plan[mini][micro] -> trajectories, for one rank
 RankPlan = list[list[list["TrainSample"]]]
+# the old log-probs of a micro-batch trained before any optimizer step of the RL step: its own
+# training forward's, detached (the same weights, so the same numbers)
+FROM_TRAINING_PASS: Any = ("from the training pass", None)
 
 
 @dataclass
@@ -119,6 +127,15 @@ class MicroBatch:
     advantages: Any  # [N] float32, the trajectory's advantage on each of its tokens
     rollout_logprobs: Any = None  # [N] float32, the engine's log-probs; NaN where unknown
     stale: Any = None  # [N] bool, sampled under an older policy version
+    # shared-prompt rows (rstar2cli/rl/shared_prompt.py): [B, L] positions, and each token's
+    # sample [N]; None: one sample per row, the row is the sample
+    position_ids: Any = None
+    seqs: Any = None
+
+    @property
+    def sequence_ids(self) -> Any:
+        """[N] each token's sample, 0..num_samples-1."""
+        return self.rows if self.seqs is None else self.seqs
 
 
 def collate(samples: list[TrainSample], pad_id: int) -> MicroBatch:
@@ -216,6 +233,7 @@ class PolicyTrainer:
             cols=batch.cols.to(dev),
             targets=batch.targets.to(dev),
             attention_mask=batch.attention_mask.to(dev),
+            position_ids=None if batch.position_ids is None else batch.position_ids.to(dev),
             with_entropy=entropy,
             entropy_grad=entropy_grad,
         )
@@ -228,6 +246,11 @@ class PolicyTrainer:
         ids = torch.full((1, 1), self.pad_id, dtype=torch.long)
         return MicroBatch(ids, torch.ones_like(ids), one, one, ids[0], torch.zeros(1))
 
+    def _collate(self, samples: list[TrainSample]) -> MicroBatch:
+        if self.cfg.share_prompt_rows:
+            return collate_shared(samples, self.pad_id, self.cfg.max_tokens_per_micro_batch)
+        return collate(samples, self.pad_id)
+
     def _no_grad_logprobs(self, model: Any, plan: RankPlan, entropy: bool) -> list[list[Any]]:
         """(log-probs, entropy or None) of every planned micro-batch under `model` as it is now
         (None for an empty micro-batch)."""
@@ -239,8 +262,7 @@ class PolicyTrainer:
                 out.append([])
                 for samples in mini:
                     if samples:
-                        batch = collate(samples, self.pad_id)
-                        out[-1].append(self._score(model, batch, entropy))
+                        out[-1].append(self._score(model, self._collate(samples), entropy))
                         continue
                     if self.zero3:  # NOTE: a ZeRO-3 forward gathers: every rank runs as many
                         self._score(model, self._dummy())
@@ -259,11 +281,14 @@ class PolicyTrainer:
             # NOTE: the entropy metric is the policy's before the step, taken in this pass (as
             # verl reports it); the training pass computes entropy only for an entropy bonus.
             # Bypass: no such pass (the engine's log-probs are pi_old), (None, None) placeholders.
-            old = (
-                [[(None, None) if samples else None for samples in mini] for mini in plan]
-                if bypass
-                else self._no_grad_logprobs(self.engine, plan, entropy=True)
-            )
+            # The first mini-batch is trained before any step, so its pi_old is the training
+            # forward's own: the pass runs for the later mini-batches only (with one mini-batch,
+            # not at all).
+            if bypass:
+                old = [[(None, None) if samples else None for samples in mini] for mini in plan]
+            else:
+                first = [FROM_TRAINING_PASS if samples else None for samples in plan[0]]
+                old = [first, *self._no_grad_logprobs(self.engine, plan[1:], entropy=True)]
             ref = None if self.ref is None else self._no_grad_logprobs(self.ref, plan, False)
         finally:
             self.engine.train()
@@ -275,8 +300,12 @@ class PolicyTrainer:
                 # bypass: the mismatch is read on the first mini-batch, before any update
                 compare = not bypass or m == 0
                 self._micro_step(samples, old[m][i], ref_lp, mini_batch_tokens[m], sums, compare)
+            norm = None
+            if self.cfg.zero_stage == 0:  # NOTE: DeepSpeed reports none for ZeRO-0 in fp32
+                norm = local_grad_norm(self.engine.module)
             self.engine.step()
-            norm = self.engine.get_global_grad_norm()
+            if norm is None:
+                norm = self.engine.get_global_grad_norm()
             sums.grad_norms.append(float(norm) if norm is not None else None)
         return sums
 
@@ -296,20 +325,25 @@ class PolicyTrainer:
             self.engine.backward(logp.sum() * 0.0)
             return
         cfg = self.cfg
-        batch = collate(samples, self.pad_id)
+        batch = self._collate(samples)
         bonus = cfg.entropy_coef > 0.0
-        old_lp, old_entropy = old
+        on_policy = old is FROM_TRAINING_PASS
+        old_lp: Any
+        old_entropy: Any
+        old_lp, old_entropy = (None, None) if on_policy else old
         with_entropy = bonus or old_lp is None  # bypass: the entropy metric comes from here
         logprobs, entropy = self._score(self.engine, batch, with_entropy, bonus)  # [N], [N]
         dev = logprobs.device
         engine_lp = batch.rollout_logprobs.to(dev)  # [N], NaN where unknown
-        if old_lp is None:  # bypass: pi_old is the engine's (the current one where unknown)
+        if on_policy:  # no step yet: pi_old is this very forward's (no second pass for it)
+            old_lp, old_entropy = logprobs.detach(), entropy
+        elif old_lp is None:  # bypass: pi_old is the engine's (the current one where unknown)
             old_lp = torch.where(torch.isnan(engine_lp), logprobs.detach(), engine_lp)
             old_entropy = entropy
         weights, corr = token_weights(
             old_logprobs=old_lp if not self.correction.bypass else logprobs.detach(),
             rollout_logprobs=engine_lp,
-            rows=batch.rows.to(dev),
+            rows=batch.sequence_ids.to(dev),
             stale=batch.stale.to(dev),
             cfg=self.correction,
             num_sequences=len(samples),
@@ -398,6 +432,7 @@ def plan_update(
     world: int,
     max_tokens_per_micro_batch: int,
     seed_key: tuple[int, ...],
+    share_prompt_rows: bool = False,
 ) -> tuple[list[RankPlan], list[int]]:
     """Split kept trajectories into mini-batches, deal them to `world` ranks and cut each rank's
     share into micro-batches of at most `max_tokens_per_micro_batch` padded tokens.
@@ -407,8 +442,11 @@ def plan_update(
     the fewest tokens so far; a rank's micro-batch takes its next-longest trajectories while
     (rows x longest row) fits the budget (a trajectory over the budget gets one of its own).
     Every rank then gets as many micro-batches as the rank that needs most (empty ones pad).
-    Deterministic given `seed_key`.
+    With `share_prompt_rows` the units dealt and budgeted are shared-prompt rows
+    (rstar2cli/rl/shared_prompt.py: a mini-batch's samples of one prompt, the prompt counted
+    once), and a micro-batch lists their samples row by row. Deterministic given `seed_key`.
     """
+    from rstar2cli.rl.shared_prompt import pack_rows
     import numpy as np
 
     order = list(range(len(samples)))
@@ -418,14 +456,19 @@ def plan_update(
     tokens = []
     for m in range(num_mini_batches):
         idx = order[m::num_mini_batches]
-        ranked = sorted(idx, key=lambda i: (-samples[i].num_tokens, i))
-        shares: list[list[TrainSample]] = [[] for _ in range(world)]
+        units: list[Any] = [samples[i] for i in idx]
+        if share_prompt_rows:
+            units = pack_rows(units, max_tokens_per_micro_batch)
+        ranked = sorted(range(len(units)), key=lambda i: (-units[i].num_tokens, i))
+        shares: list[list[Any]] = [[] for _ in range(world)]
         loads = [0] * world
         for i in ranked:
             r = loads.index(min(loads))
-            shares[r].append(samples[i])
-            loads[r] += samples[i].num_tokens
+            shares[r].append(units[i])
+            loads[r] += units[i].num_tokens
         micro = [token_budget_micro_batches(share, max_tokens_per_micro_batch) for share in shares]
+        if share_prompt_rows:
+            micro = [[[s for row in mb for s in row.samples] for mb in mbs] for mbs in micro]
         num_micro = max(1, max(len(mb) for mb in micro))
         for r in range(world):
             plan[r].append(micro[r] + [[] for _ in range(num_micro - len(micro[r]))])
@@ -433,12 +476,10 @@ def plan_update(
     return plan, tokens
 
 
-def token_budget_micro_batches(
-    longest_first: list[TrainSample], max_tokens: int
-) -> list[list[TrainSample]]:
+def token_budget_micro_batches(longest_first: list[Any], max_tokens: int) -> list[list[Any]]:
     """Consecutive runs of trajectories (sorted longest first) whose padded size, rows x the
     first (longest) row, is at most `max_tokens`."""
-    out: list[list[TrainSample]] = []
+    out: list[list[Any]] = []
     for s in longest_first:
         if out and (len(out[-1]) + 1) * out[-1][0].num_tokens <= max_tokens:
             out[-1].append(s)

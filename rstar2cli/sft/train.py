@@ -34,7 +34,13 @@ from typing import Any
 from rstar2cli import protocol as P
 from rstar2cli.errors import UserError
 from rstar2cli.sft.coldstart_recipe import SftRecipe, check_world_size
-from rstar2cli.train_utils import batch_indices, prune_checkpoints, rng_state, set_rng_state
+from rstar2cli.train_utils import (
+    batch_indices,
+    local_grad_norm,
+    prune_checkpoints,
+    rng_state,
+    set_rng_state,
+)
 
 
 def cosine_factor(step: int, total_steps: int, warmup_steps: int, min_ratio: float) -> float:
@@ -191,18 +197,11 @@ def _train_step(
         num_targets += batch.num_targets
         num_tokens += batch.num_tokens
     if t.zero_stage == 0:
-        grad_norm = _grad_norm(engine.module)  # NOTE: DeepSpeed reports it only for bf16/ZeRO
+        grad_norm = local_grad_norm(engine.module)  # NOTE: DeepSpeed's is None here
     engine.step()
     if grad_norm is None:
         grad_norm = engine.get_global_grad_norm()
     return loss_sum, num_targets, num_tokens, None if grad_norm is None else float(grad_norm)
-
-
-def _grad_norm(module: Any) -> float:
-    import torch
-
-    norms = [p.grad.detach().float().norm() for p in module.parameters() if p.grad is not None]
-    return float(torch.linalg.vector_norm(torch.stack(norms))) if norms else 0.0
 
 
 def _all_sum(values: list[float], device: Any) -> list[float]:

@@ -63,6 +63,12 @@ def _one_line(r: subprocess.CompletedProcess) -> str:
     return lines[0]
 
 
+def test_quickstart_model_that_is_no_model_folder_is_one_line(tmp_path):
+    line = _one_line(_run("quickstart", "--model", str(tmp_path), "--out", str(tmp_path / "q")))
+    assert "--model" in line and "no config.json" in line
+    assert not (tmp_path / "q").exists()
+
+
 def test_quickstart_fresh_deletes_no_folder_it_did_not_write(tmp_path):
     """--fresh deletes --out only when an earlier quickstart wrote it (its pipeline.sh says so):
     a user's folder passed by mistake keeps every file. A bad --out is one line too."""

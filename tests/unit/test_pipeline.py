@@ -75,3 +75,19 @@ def test_summary_numbers():
 def test_summary_without_rows_is_explicit():
     s = summarize([], rl_steps=0, seconds=0.0)
     assert s["sft"]["accuracy"] is None and s["rl"]["trajectories"] == 0
+
+
+def test_a_pretrained_model_goes_to_the_sft_step_with_its_own_recipes(tmp_path):
+    from rstar2cli.pipeline import pretrained_settings
+
+    model = tmp_path / "smollm2"
+    steps = plan_steps(tmp_path / "q", pretrained_settings(Path("recipes/pretrained"), model))
+    sft = steps[1].argv
+    assert sft[sft.index("--recipe") + 1] == "recipes/pretrained/sft.yaml"
+    assert sft[-2:] == ["--set", f"model={model}"]  # after the data sources: it wins
+    rl = steps[3].argv
+    assert rl[rl.index("--recipe") + 1] == "recipes/pretrained/rl.yaml"
+    evals = [s.argv for s in steps if s.name.startswith("eval-")]
+    assert all(a[a.index("--limit") + 1] == "50" for a in evals)
+    # the tiny default names no model: the recipe builds it
+    assert not any(a.startswith("model=") for a in _steps(tmp_path)[1].argv)

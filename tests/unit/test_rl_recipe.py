@@ -17,6 +17,7 @@ RL_RECIPES = [
     "recipes/stage2_12k.yaml",
     "recipes/stage3_12k_hard.yaml",
     "recipes/tiny/rl.yaml",
+    "recipes/pretrained/rl.yaml",
 ]
 
 
