@@ -75,8 +75,6 @@ def collate_shared(samples: list[TrainSample], pad_id: int, max_row_tokens: int)
     given, each sample's model tokens in order (`MicroBatch.seqs` names each token's sample)."""
     import torch
 
-    from rstar2cli.rl.trainer import MicroBatch
-
     rows = pack_rows(samples, max_row_tokens)
     width = max(r.num_tokens for r in rows)
     ids = torch.full((len(rows), width), pad_id, dtype=torch.long)  # [R, L]

@@ -446,8 +446,9 @@ def plan_update(
     (rstar2cli/rl/shared_prompt.py: a mini-batch's samples of one prompt, the prompt counted
     once), and a micro-batch lists their samples row by row. Deterministic given `seed_key`.
     """
-    from rstar2cli.rl.shared_prompt import pack_rows
     import numpy as np
+
+    from rstar2cli.rl.shared_prompt import pack_rows
 
     order = list(range(len(samples)))
     if num_mini_batches > 1:
