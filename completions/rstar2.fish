@@ -54,7 +54,7 @@ complete -c rstar2 -n '__fish_seen_subcommand_from rollout' -l kv-mode -d 'kv sc
 complete -c rstar2 -n '__fish_seen_subcommand_from rollout' -l kv-overcommit -d 'incremental/per_turn reserve up to this multiple of each engines KV;' -r -F
 complete -c rstar2 -n '__fish_seen_subcommand_from rollout' -l admission -d 'kv the order new trajectories start in data | predicted (longest pre' -r -F
 complete -c rstar2 -n '__fish_seen_subcommand_from rollout' -l tail-kv-fraction -d 'kv incremental move a trajectory predicted long, at its next tool cal' -r -F
-complete -c rstar2 -n '__fish_seen_subcommand_from rollout' -l kv-cache-tokens -d 'KV cache per engine in tokens (default 65536, or one whole trajectory' -r -F
+complete -c rstar2 -n '__fish_seen_subcommand_from rollout' -l kv-cache-tokens -d 'KV cache per engine in tokens (default on a GPU, what the engines me' -r -F
 complete -c rstar2 -n '__fish_seen_subcommand_from rollout' -l tensor-parallel-size -d 'GPUs per engine (vLLM tensor parallelism)' -r -F
 complete -c rstar2 -n '__fish_seen_subcommand_from rollout' -l speculative -d 'vllm speculative decoding without a draft model ngramK drafts up to' -r -F
 complete -c rstar2 -n '__fish_seen_subcommand_from rollout' -l max-turns -d 'Most model turns per trajectory' -r -F
@@ -90,7 +90,7 @@ complete -c rstar2 -n '__fish_seen_subcommand_from filter-hard' -l kv-mode -d 'k
 complete -c rstar2 -n '__fish_seen_subcommand_from filter-hard' -l kv-overcommit -d 'incremental/per_turn reserve up to this multiple of each engines KV;' -r -F
 complete -c rstar2 -n '__fish_seen_subcommand_from filter-hard' -l admission -d 'kv the order new trajectories start in data | predicted (longest pre' -r -F
 complete -c rstar2 -n '__fish_seen_subcommand_from filter-hard' -l tail-kv-fraction -d 'kv incremental move a trajectory predicted long, at its next tool cal' -r -F
-complete -c rstar2 -n '__fish_seen_subcommand_from filter-hard' -l kv-cache-tokens -d 'KV cache per engine in tokens (default 65536, or one whole trajectory' -r -F
+complete -c rstar2 -n '__fish_seen_subcommand_from filter-hard' -l kv-cache-tokens -d 'KV cache per engine in tokens (default on a GPU, what the engines me' -r -F
 complete -c rstar2 -n '__fish_seen_subcommand_from filter-hard' -l tensor-parallel-size -d 'GPUs per engine (vLLM tensor parallelism)' -r -F
 complete -c rstar2 -n '__fish_seen_subcommand_from filter-hard' -l speculative -d 'vllm speculative decoding without a draft model ngramK drafts up to' -r -F
 complete -c rstar2 -n '__fish_seen_subcommand_from filter-hard' -l max-turns -d 'Most model turns per trajectory' -r -F
@@ -125,7 +125,7 @@ complete -c rstar2 -n '__fish_seen_subcommand_from eval' -l kv-mode -d 'kv sched
 complete -c rstar2 -n '__fish_seen_subcommand_from eval' -l kv-overcommit -d 'incremental/per_turn reserve up to this multiple of each engines KV;' -r -F
 complete -c rstar2 -n '__fish_seen_subcommand_from eval' -l admission -d 'kv the order new trajectories start in data | predicted (longest pre' -r -F
 complete -c rstar2 -n '__fish_seen_subcommand_from eval' -l tail-kv-fraction -d 'kv incremental move a trajectory predicted long, at its next tool cal' -r -F
-complete -c rstar2 -n '__fish_seen_subcommand_from eval' -l kv-cache-tokens -d 'KV cache per engine in tokens (default 65536, or one whole trajectory' -r -F
+complete -c rstar2 -n '__fish_seen_subcommand_from eval' -l kv-cache-tokens -d 'KV cache per engine in tokens (default on a GPU, what the engines me' -r -F
 complete -c rstar2 -n '__fish_seen_subcommand_from eval' -l tensor-parallel-size -d 'GPUs per engine (vLLM tensor parallelism)' -r -F
 complete -c rstar2 -n '__fish_seen_subcommand_from eval' -l speculative -d 'vllm speculative decoding without a draft model ngramK drafts up to' -r -F
 complete -c rstar2 -n '__fish_seen_subcommand_from eval' -l max-turns -d 'Most model turns per trajectory' -r -F
@@ -140,4 +140,5 @@ complete -c rstar2 -n '__fish_seen_subcommand_from eval' -l help -d 'Show help a
 complete -c rstar2 -n '__fish_seen_subcommand_from quickstart' -l out -d 'Folder for every stages output, summary.json and pipeline.sh' -r -F
 complete -c rstar2 -n '__fish_seen_subcommand_from quickstart' -l fresh -d 'Delete --out first and start over (default resume); only a folder an '
 complete -c rstar2 -n '__fish_seen_subcommand_from quickstart' -l sandbox-workers -d 'Sandbox worker slots' -r -F
+complete -c rstar2 -n '__fish_seen_subcommand_from quickstart' -l model -d 'A local HF causal-LM folder to start from instead of the tiny model (e' -r -F
 complete -c rstar2 -n '__fish_seen_subcommand_from quickstart' -l help -d 'Show help and exit'

@@ -138,8 +138,8 @@ KV_CACHE_TOKENS = typer.Option(
     "--kv-cache-tokens",
     min=1,
     show_default=False,
-    help=f"KV cache per engine in tokens (default: {DEFAULT_KV_CACHE_TOKENS}, or one whole "
-    "trajectory if more).",
+    help="KV cache per engine in tokens (default: on a GPU, what the engine's memory share "
+    f"leaves; else {DEFAULT_KV_CACHE_TOKENS}, or one whole trajectory if more).",
 )
 TENSOR_PARALLEL_SIZE = typer.Option(
     1, "--tensor-parallel-size", min=1, help="GPUs per engine (vLLM tensor parallelism)."

