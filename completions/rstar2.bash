@@ -19,7 +19,7 @@ _rstar2() {
         rl-stage) opts="--recipe --set --out --init-from --reset-optimizer --sandbox --sandbox-token-file --ray-address --help" ;;
         filter-hard) opts="--model --data --out --force --samples --engines --engine --sandbox --sandbox-token-file --ray-address --scheduler --kv-mode --kv-overcommit --admission --tail-kv-fraction --kv-cache-tokens --tensor-parallel-size --speculative --max-turns --max-response-tokens --temperature --top-p --seed --template --max-tool-output-chars --tool-timeout --help" ;;
         eval) opts="--benchmark --data --model --endpoint --tokenizer --k --max-in-flight --out --label --limit --grade-only --force --samples --engines --engine --sandbox --sandbox-token-file --ray-address --scheduler --kv-mode --kv-overcommit --admission --tail-kv-fraction --kv-cache-tokens --tensor-parallel-size --speculative --max-turns --max-response-tokens --temperature --top-p --seed --template --max-tool-output-chars --tool-timeout --help" ;;
-        quickstart) opts="--out --fresh --sandbox-workers --help" ;;
+        quickstart) opts="--out --fresh --sandbox-workers --model --help" ;;
         *) opts="" ;;
     esac
     if [[ "$cur" == -* ]]; then
