@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: install test test-unit lint bench quickstart completions clean smollm2
+.PHONY: install test test-unit lint bench quickstart completions clean smollm2 gpu-wheels gpu-smoke
 
 install: $(STAMP)
 
@@ -51,6 +51,42 @@ $(SMOLLM2_DIR)/config.json: | $(STAMP)
 
 completions: install
 	$(BIN)/python -m rstar2cli.completions completions
+
+# GPU smoke (tests/gpu/smoke.py) on a machine whose image has torch (CUDA), transformers and
+# accelerate but no vLLM, DeepSpeed or Ray: `make gpu-wheels` here (network), carry GPU_WHEELS,
+# then `make gpu-smoke` there (no network). The wheels: DeepSpeed built without ops (pure
+# Python, its CUDA ops are not used) and its and pydantic's requirements at the versions of this
+# venv, the compiled ones for CPython GPU_PYTHONS.
+GPU_WHEELS ?= .gpu-wheels
+GPU_SITE ?= .gpu-site
+GPU_PY ?= python3
+GPU_PYTHONS ?= 3.10 3.11 3.12 3.13
+GPU_PURE := deepspeed pydantic annotated-types typing-inspection typing-extensions hjson \
+	py-cpuinfo einops dill
+GPU_BINARY := pydantic-core msgpack ninja psutil
+SMOKE_OUT ?= $(if $(OUT),$(OUT),.)/smoke.jsonl
+PINNED = $(BIN)/python -c "import importlib.metadata as m, sys; print(' '.join(f'{n}=={m.version(n)}' for n in sys.argv[1:]))"
+
+gpu-wheels: install
+	rm -rf $(GPU_WHEELS) && mkdir -p $(GPU_WHEELS)
+	DS_BUILD_OPS=0 $(BIN)/pip wheel -q --no-deps --no-binary deepspeed -w $(GPU_WHEELS) \
+		$$($(PINNED) deepspeed)
+	$(BIN)/pip download -q --no-deps --only-binary :all: -d $(GPU_WHEELS) \
+		$$($(PINNED) $(filter-out deepspeed,$(GPU_PURE)))
+	for v in $(GPU_PYTHONS); do \
+		$(BIN)/pip download -q --no-deps --only-binary :all: --python-version $$v \
+			--platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+			-d $(GPU_WHEELS) $$($(PINNED) $(GPU_BINARY)) || exit 1; \
+	done
+	du -sh $(GPU_WHEELS)
+
+gpu-smoke:
+	@test -d $(GPU_WHEELS) || { echo "no $(GPU_WHEELS): run make gpu-wheels first"; exit 2; }
+	rm -rf $(GPU_SITE)
+	$(GPU_PY) -m pip install -q --no-index --no-deps --find-links $(GPU_WHEELS) \
+		--target $(GPU_SITE) $(GPU_PURE) $(GPU_BINARY)
+	PYTHONPATH=$(GPU_SITE) timeout 480 $(GPU_PY) tests/gpu/smoke.py --device cuda \
+		--out $(SMOKE_OUT)
 
 clean:
 	rm -rf $(VENV) quickstart_out .pytest_cache
