@@ -75,6 +75,34 @@ def hf_greedy():
     return _hf_greedy
 
 
+def _sampling_logprobs(
+    model, prompt: list[int], out_ids: list[int], temperature: float, top_p: float = 1.0
+) -> list[float]:
+    """Log-prob of each sampled token under transformers' logits / temperature, the top-p mass
+    renormalised (one forward pass): the distribution an engine drew it from."""
+    import torch
+
+    with torch.inference_mode():
+        logits = model(torch.tensor([prompt + out_ids])).logits[0, len(prompt) - 1 : -1]  # [T, V]
+    probs = torch.softmax(logits.float() / temperature, dim=-1)  # [T, V]
+    out = []
+    for t, token in enumerate(out_ids):
+        p = probs[t]  # [V]
+        if top_p < 1.0:
+            ordered, order = torch.sort(p, descending=True)
+            keep = torch.cumsum(ordered, -1) - ordered < top_p
+            p = torch.zeros_like(p).scatter(0, order, ordered * keep)
+            p = p / p.sum()
+        out.append(float(torch.log(p[token])))
+    return out
+
+
+@pytest.fixture(scope="session")
+def sampling_logprobs():
+    """The reference for engines' log-probs at a temperature and top-p."""
+    return _sampling_logprobs
+
+
 @pytest.fixture(scope="module")
 def daemon() -> Iterator:
     from sbhelpers import SECRET  # tests/sandboxd

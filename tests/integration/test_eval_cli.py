@@ -242,6 +242,11 @@ def test_eval_endpoint_against_a_local_openai_server(tmp_path, tiny_model_dir, e
     _check_rows(served, "served")
     # the server generated real tokens for every trajectory (no engine errors)
     assert all(r["finish_reason"] != "engine_error" and r["response_ids"] for r in rows)
+    # and each sampled token's log-prob (the server's `logprobs`), 0.0 on tool output
+    assert all(len(r["rollout_logprobs"]) == len(r["response_ids"]) for r in rows)
+    for r in rows:  # an appended stop id has none from the server: 0.0 (endpoint_engine)
+        lps = r["rollout_logprobs"]
+        assert all(lp <= 0 for lp, m in zip(lps, r["loss_mask"], strict=True) if m)
     assert "endpoint http://127.0.0.1" in _flat(res.stdout)
     labels = json.loads((out / "summary.json").read_text())["labels"]
     assert set(labels) == {"served", "served-b"}

@@ -66,6 +66,10 @@ def test_rollout_two_vllm_engines_real_daemon_then_resume(tmp_path, tiny_model_d
             assert r["finish_reason"] in ("answer", "no_answer", "max_turns", "budget")
             assert r["answer"] == next(p["answer"] for p in problems if p["id"] == r["id"])
             assert 1 <= r["num_turns"] <= 3 and len(r["tool_calls"]) <= 2
+            # the engine's log-prob of each sampled token; 0.0 on tool output; version 0
+            lps, mask = r["rollout_logprobs"], r["loss_mask"]
+            assert len(lps) == len(mask) and r["turn_versions"] == [0] * r["num_turns"]
+            assert all(lp <= 0 if m else lp == 0.0 for lp, m in zip(lps, mask, strict=True))
         stats = json.loads((tmp_path / "traces.stats.json").read_text())
         assert stats["run"]["scheduler"] == "kv" and stats["makespan_s"] > 0
         assert stats["settings"]["temperature"] == 1.0 and stats["settings"]["seed"] == 1

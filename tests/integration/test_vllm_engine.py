@@ -77,6 +77,27 @@ def test_greedy_matches_transformers(engines, loop, prompts, tiny_model_dir, hf_
         assert len(out.logprobs) == 10 and all(lp < 0 for lp in out.logprobs)
 
 
+@pytest.mark.parametrize("top_p", [1.0, 0.9])
+def test_sampled_logprobs_are_the_sampling_distributions(
+    engines, loop, prompts, sampling_logprobs, top_p
+):
+    """At temperature 0.7 (and top-p 0.9) each log-prob is that of the distribution the token
+    was drawn from (logprobs_mode processed_logprobs), as the transformers engine reports it,
+    not the raw logits' (vLLM's default)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(engines[0].model_path, dtype=torch.float32)
+    spec = SamplingSpec(max_tokens=8, temperature=0.7, top_p=top_p, seed=3, want_logprobs=True)
+    out = loop.run_until_complete(engines[0].generate(f"t-{uuid.uuid4().hex}", prompts[0], spec))
+    expected = sampling_logprobs(
+        model.eval(), prompts[0], out_ids=out.token_ids, temperature=0.7, top_p=top_p
+    )
+    assert out.logprobs == pytest.approx(expected, abs=1e-3)
+    raw = sampling_logprobs(model, prompts[0], out_ids=out.token_ids, temperature=1.0)
+    assert out.logprobs != pytest.approx(raw, abs=1e-2)
+
+
 def test_stop_id_ends_generation(engines, loop, prompts):
     async def main():
         free = await engines[0].generate(

@@ -70,36 +70,20 @@ def test_greedy_matches_transformers_generate(tiny_model_dir, prompts, hf_model,
     )
 
 
-def _sampling_logprobs(model, prompt, out_ids, temperature, top_p=1.0):
-    """Log-prob of each sampled token under transformers' logits / temperature (top-p kept mass
-    renormalised), one full forward pass."""
-    import torch
-
-    with torch.inference_mode():
-        logits = model(torch.tensor([prompt + out_ids])).logits[0, len(prompt) - 1 : -1]  # [T, V]
-    probs = torch.softmax(logits.float() / temperature, dim=-1)  # [T, V]
-    out = []
-    for t, token in enumerate(out_ids):
-        p = probs[t]
-        if top_p < 1.0:
-            ordered, order = torch.sort(p, descending=True)
-            keep = torch.cumsum(ordered, -1) - ordered < top_p
-            p = torch.zeros_like(p).scatter(0, order, ordered * keep)
-            p = p / p.sum()
-        out.append(float(torch.log(p[token])))
-    return out
-
-
 @pytest.mark.parametrize("top_p", [1.0, 0.9])
-def test_sampled_logprobs_are_the_sampling_distributions(tiny_model_dir, prompts, hf_model, top_p):
+def test_sampled_logprobs_are_the_sampling_distributions(
+    tiny_model_dir, prompts, hf_model, sampling_logprobs, top_p
+):
     """At temperature 0.7 (and top-p 0.9) each log-prob is that of the distribution the token
     was drawn from, not the raw logits' (what rl/correction.py weighs against)."""
     engine = start(tiny_model_dir, kv_cache_tokens=8192)
     spec = SamplingSpec(max_tokens=8, temperature=0.7, top_p=top_p, seed=3, want_logprobs=True)
     [out] = run_all(engine, prompts[:1], spec)
-    expected = _sampling_logprobs(hf_model, prompts[0], out.token_ids, 0.7, top_p)
+    expected = sampling_logprobs(
+        hf_model, prompts[0], out_ids=out.token_ids, temperature=0.7, top_p=top_p
+    )
     assert out.logprobs == pytest.approx(expected, abs=1e-4)
-    raw = _sampling_logprobs(hf_model, prompts[0], out.token_ids, 1.0)
+    raw = sampling_logprobs(hf_model, prompts[0], out_ids=out.token_ids, temperature=1.0)
     assert out.logprobs != pytest.approx(raw, abs=1e-3)
 
 
