@@ -165,7 +165,7 @@ def _train(args: argparse.Namespace, zero_stage: int) -> dict[str, Any]:
     init_distributed()
     tokens = 3072 if on_gpu else 96  # per trajectory
     cfg = RlTrainConfig(
-        lr=1.0e-4,
+        lr=1.0e-3,  # NOTE: large enough that one step moves bf16 weights (8-bit mantissa)
         warmup_steps=0,
         num_mini_batches=1,
         max_tokens_per_micro_batch=2 * tokens,  # 4 trajectories -> 2 micro-batches
