@@ -174,7 +174,12 @@ def _scoring_model(path: str, config: dict[str, Any], bf16: bool, zero3: bool) -
     if zero3:
         lm = _partitioned_lm(path, config, torch.bfloat16 if bf16 else torch.float32)
     else:
-        lm = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+        # NOTE: bf16 runs load bf16: DeepSpeed casts the module to bf16 and makes its fp32 master
+        # copy from that anyway, so an fp32 load only doubled each rank's host memory (~59 GB at
+        # 14B) and made save_hf write config dtype float32 beside bf16 tensors
+        lm = AutoModelForCausalLM.from_pretrained(
+            path, dtype=torch.bfloat16 if bf16 else torch.float32
+        )
     lm.config.use_cache = False
     return ScoringLM(lm)
 

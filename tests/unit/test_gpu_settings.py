@@ -79,3 +79,15 @@ def test_checkpoint_rng_state_leaves_cuda_alone_until_it_is_up():
     state = train_utils.rng_state()
     assert "cuda" not in state  # no CUDA here; on a GPU driver, none unless initialised
     assert not torch.cuda.is_initialized()
+
+
+def test_a_bf16_run_loads_the_model_in_bf16(tiny_model_dir):
+    """ZeRO 0-2: the module DeepSpeed casts to bf16 is loaded in bf16 (not an fp32 copy per rank),
+    so the HF folder saved from it says bfloat16 too; fp32 runs stay fp32."""
+    import torch
+
+    config = train_utils.ds_config(2, bf16=True, grad_clip=1.0, world=1)
+    model = train_utils._scoring_model(str(tiny_model_dir), config, bf16=True, zero3=False)
+    assert model.lm.dtype == torch.bfloat16 and model.lm.config.dtype == torch.bfloat16
+    model = train_utils._scoring_model(str(tiny_model_dir), config, bf16=False, zero3=False)
+    assert model.lm.dtype == torch.float32
