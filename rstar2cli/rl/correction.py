@@ -166,7 +166,10 @@ def _sequence_keep(
 
 
 def _add_mismatch(sums: CorrectionSums, rho: torch.Tensor, log_rho: torch.Tensor) -> None:
+    # NOTE: float64 and expm1: rho - 1 - log rho for rho near 1 in float32 cancels to rounding
+    # noise, negative as often as not (a float32 engine and trainer agree to ~1e-9)
+    log_rho = log_rho.double()  # [M]
     sums.num_compared = int(rho.numel())
-    sums.kl = float((rho - 1.0 - log_rho).sum())  # k3 of KL(mu || pi_old), samples of mu
-    sums.ratio = float(rho.sum())
+    sums.kl = float((torch.expm1(log_rho) - log_rho).sum())  # k3 of KL(mu || pi_old)
+    sums.ratio = float(rho.double().sum())
     sums.ratio_max = float(rho.max())

@@ -104,6 +104,15 @@ def test_bypass_never_truncates_and_compare_false_leaves_the_metrics_out():
     assert sums.num_compared == 0 and sums.num_truncated == 0 and sums.num_tokens == 4
 
 
+def test_mismatch_kl_is_never_negative_for_ratios_next_to_one():
+    # float32 log-probs ~1e-6 apart: rho - 1 - log rho ~ 1e-12 >= 0; in float32 arithmetic
+    # these four gave -7.5e-9 (rounding noise, either sign)
+    old = torch.tensor([-2.2489724, -1.8139520, -0.3298740, -0.6362708])
+    mu = old + torch.tensor([1.9073486e-06, 1.3113022e-06, -8.6426735e-07, -4.7683716e-07])
+    _, sums = _weights(CorrectionConfig(token_is_cap=None), old=old, mu=mu)
+    assert 0.0 <= sums.metrics()["mismatch_kl"] < 1e-11
+
+
 def test_sums_add_over_ranks():
     _, a = _weights(CorrectionConfig(token_is_cap=2.0))  # rho max 3.0, 1 truncated
     _, b = _weights(CorrectionConfig(token_is_cap=2.0), mu=OLD)  # rho all 1
