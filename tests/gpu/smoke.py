@@ -21,7 +21,7 @@ what it finished:
   same tokens.
 
 `--device cpu` runs the same stages on the CPU (fp32, gloo, a smaller model) so the script is
-checked on every CPU run (tests/unit/test_gpu_smoke.py); the GPU run is tests/gpu/test_smoke.py.
+checked on every CPU run (tests/integration/test_gpu_smoke_cpu.py); the GPU run is tests/gpu/test_smoke.py.
 What it cannot reach: vLLM (start, KV sizing, sleep/wake, reload), Ray placement, NCCL between two
 GPUs, a 14B model; those need a node with CUDA vLLM (README, "Running on a cluster").
 """
