@@ -53,7 +53,7 @@ def light_daemon(daemon):
 
 def test_startup_line_names_the_zygote_only_modules(light_daemon):
     found = re.search(r"light runner for jobs without (\S+)", light_daemon.startup_line)
-    assert found and {"numpy", "sympy"} <= set(found.group(1).rstrip(",").split("/"))
+    assert found and {"numpy", "sympy"} <= set(found.group(1).rstrip(",;").split("/"))
 
 
 def test_jobs_are_routed_by_the_modules_they_name(light_daemon):
