@@ -398,9 +398,18 @@ def stream_indices(start: int, count: int, num_examples: int, seed: int) -> list
     return out
 
 
-def local_grad_norm(module: Any) -> float:
-    """The L2 norm of the gradients held in `module`'s parameters (ZeRO-0, after the boundary's
-    all-reduce: the global norm; DeepSpeed reports it itself only under bf16 or ZeRO 1-3)."""
+def step_with_grad_norm(engine: Any, zero_stage: int) -> float | None:
+    """`engine.step()`, returning the global gradient norm before clipping. DeepSpeed reports it
+    itself only under bf16 or ZeRO 1-3; under ZeRO-0 the gradients held in the module after the
+    boundary's all-reduce are the global ones, so their norm is taken before the step."""
+    norm = _module_grad_norm(engine.module) if zero_stage == 0 else None
+    engine.step()
+    if norm is None:
+        norm = engine.get_global_grad_norm()
+    return None if norm is None else float(norm)
+
+
+def _module_grad_norm(module: Any) -> float:
     import torch
 
     norms = [p.grad.detach().float().norm() for p in module.parameters() if p.grad is not None]

@@ -54,7 +54,7 @@ from rstar2cli.rl.correction import CorrectionSums, token_weights
 from rstar2cli.rl.loss import ppo_clip_loss
 from rstar2cli.rl.shared_prompt import collate_shared
 from rstar2cli.rl.stage_recipe import CorrectionConfig, RlTrainConfig
-from rstar2cli.train_utils import local_grad_norm
+from rstar2cli.train_utils import step_with_grad_norm
 
 if TYPE_CHECKING:
     from rstar2cli.scheduler.weight_sync import SyncPlan
@@ -300,13 +300,7 @@ class PolicyTrainer:
                 # bypass: the mismatch is read on the first mini-batch, before any update
                 compare = not bypass or m == 0
                 self._micro_step(samples, old[m][i], ref_lp, mini_batch_tokens[m], sums, compare)
-            norm = None
-            if self.cfg.zero_stage == 0:  # NOTE: DeepSpeed reports none for ZeRO-0 in fp32
-                norm = local_grad_norm(self.engine.module)
-            self.engine.step()
-            if norm is None:
-                norm = self.engine.get_global_grad_norm()
-            sums.grad_norms.append(float(norm) if norm is not None else None)
+            sums.grad_norms.append(step_with_grad_norm(self.engine, self.cfg.zero_stage))
         return sums
 
     def _micro_step(

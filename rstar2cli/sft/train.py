@@ -36,10 +36,10 @@ from rstar2cli.errors import UserError
 from rstar2cli.sft.coldstart_recipe import SftRecipe, check_world_size
 from rstar2cli.train_utils import (
     batch_indices,
-    local_grad_norm,
     prune_checkpoints,
     rng_state,
     set_rng_state,
+    step_with_grad_norm,
 )
 
 
@@ -176,7 +176,7 @@ def _train_step(
     t = recipe.train
     global_targets = sum(sum(examples[i].loss_mask[1:]) for i in idx)
     micro = [idx[j : j + t.micro_batch_size] for j in range(0, len(idx), t.micro_batch_size)]
-    loss_sum, num_targets, num_tokens, grad_norm = 0.0, 0, 0, None
+    loss_sum, num_targets, num_tokens = 0.0, 0, 0
     # NOTE: check_world_size makes the micro-batches a multiple of the ranks: every rank runs
     # as many backward passes (each one a collective under ZeRO-2/3)
     mine = micro[rank::world]
@@ -196,12 +196,8 @@ def _train_step(
         loss_sum += float(summed.detach())
         num_targets += batch.num_targets
         num_tokens += batch.num_tokens
-    if t.zero_stage == 0:
-        grad_norm = local_grad_norm(engine.module)  # NOTE: DeepSpeed's is None here
-    engine.step()
-    if grad_norm is None:
-        grad_norm = engine.get_global_grad_norm()
-    return loss_sum, num_targets, num_tokens, None if grad_norm is None else float(grad_norm)
+    grad_norm = step_with_grad_norm(engine, t.zero_stage)
+    return loss_sum, num_targets, num_tokens, grad_norm
 
 
 def _all_sum(values: list[float], device: Any) -> list[float]:
