@@ -39,7 +39,7 @@ class RunResult:
 
 async def run_once(engines: list[Any], items: list[dict], tokenizer: Any, args, mode: str) -> Any:
     from rstar2cli.agent.loop import AgentConfig, ToolBatcher, make_tool_runner
-    from rstar2cli.scheduler.driver import run_rollout
+    from rstar2cli.rollout.driver import run_rollout
     from rstar2cli.scheduler.scheduler import SchedulerConfig
 
     config = AgentConfig(
@@ -78,8 +78,8 @@ async def run_all(args) -> dict[str, list[RunResult]]:
 
     from rstar2cli.agent.inputs import load_problems
     from rstar2cli.agent.loop import longest_prompt_tokens
-    from rstar2cli.rollout_job import make_items
-    from rstar2cli.scheduler.engines import make_engines
+    from rstar2cli.engines.build import make_engines
+    from rstar2cli.rollout.jobs import make_items
 
     problems = load_problems(args.data, max_problems=args.problems)
     items = make_items(problems, args.samples)

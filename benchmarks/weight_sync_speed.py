@@ -172,9 +172,9 @@ def main() -> None:
     from transformers import AutoConfig
 
     from rstar2cli.data.tiny import build_tiny_model_dir
+    from rstar2cli.engines.build import make_engines
     from rstar2cli.rl.stage_recipe import RlTrainConfig
     from rstar2cli.rl.workers import RayTrainers
-    from rstar2cli.scheduler.engines import make_engines
 
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory(prefix="rstar2-wsync-") as tmp:

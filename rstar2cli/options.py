@@ -33,9 +33,9 @@ from typing import Any
 import typer
 
 from rstar2cli.agent.loop import AgentConfig
+from rstar2cli.engines.base import DEFAULT_KV_CACHE_TOKENS, parse_speculative
 from rstar2cli.errors import UserError
-from rstar2cli.rollout_job import scheduler_config
-from rstar2cli.scheduler.engines import DEFAULT_KV_CACHE_TOKENS, parse_speculative
+from rstar2cli.rollout.jobs import scheduler_config
 from rstar2cli.scheduler.scheduler import SchedulerConfig
 
 # rollouts: the agent loop's defaults (the paper's stage-1 RL rollouts)
@@ -295,7 +295,7 @@ class RolloutArgs:
         )
 
     def engine_spec(self, model: Path | str) -> Any:
-        from rstar2cli.scheduler.engines import EngineSpec
+        from rstar2cli.engines.build import EngineSpec
 
         return EngineSpec(
             model_path=str(model),

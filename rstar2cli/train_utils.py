@@ -3,7 +3,7 @@ it, RNG state, checkpoint pruning, run logs and the seeded data order.
 
 - `init_distributed`: torch.distributed from RANK/WORLD_SIZE/MASTER_* (a launcher or a Ray
   actor sets them; one process without either gets a world of one). gloo on CPU, nccl on GPU.
-- `build_engine`: a `rstar2cli.lm_scoring.ScoringLM` around the HF model, a torch AdamW and a
+- `build_deepspeed`: a `rstar2cli.lm_scoring.ScoringLM` around the HF model, a torch AdamW and a
   LambdaLR schedule under DeepSpeed ZeRO 0-3. Under ZeRO-3 the model is built inside
   `deepspeed.zero.Init` and filled module by module from the safetensors files (rank 0 reads,
   each module is scattered before the next is read), so no rank ever holds the whole model.
@@ -78,7 +78,7 @@ def init_distributed() -> tuple[int, int]:
 
 
 @dataclass(frozen=True)
-class EngineSpec:
+class DeepSpeedSpec:
     """What the engine is built from (the trainers fill it from their recipes)."""
 
     model_path: str
@@ -125,7 +125,7 @@ def _accumulation(zero_stage: int, bf16: bool) -> dict[str, Any]:
     return {}
 
 
-def build_engine(spec: EngineSpec, world: int, lr_lambda: Callable[[int], float]) -> Any:
+def build_deepspeed(spec: DeepSpeedSpec, world: int, lr_lambda: Callable[[int], float]) -> Any:
     """The DeepSpeed engine of a `ScoringLM` with AdamW and LambdaLR(lr_lambda)."""
     import deepspeed
     import torch

@@ -15,7 +15,7 @@ again, until a stop rule fires:
 
 `Trajectory` is a synchronous state machine: the caller sends it engine outputs
 (`on_generated`) and tool results (`on_tool_result`) and reads what to do next (`Next`). Who
-generates where and when is the scheduler's business (`rstar2cli.scheduler.driver`);
+generates where and when is the scheduler's business (`rstar2cli.rollout.driver`);
 `run_trajectory` here is the plain sequential driver for one engine (tests, small evals).
 A generation cut short by `max_tokens` while budget is left (the scheduler's per-turn step) is
 continued as the same turn. History is never re-rendered: token ids are appended
@@ -192,7 +192,7 @@ class Trajectory:
         return self.finish_reason is not None
 
     def sampling_spec(self, max_tokens: int | None = None) -> Any:
-        from rstar2cli.scheduler.engines import SamplingSpec
+        from rstar2cli.engines.base import SamplingSpec
 
         cap = (
             self.remaining_tokens if max_tokens is None else min(max_tokens, self.remaining_tokens)
@@ -323,7 +323,7 @@ class Trajectory:
         return P.count_answer_tags(P.answer_region(self.model_text))
 
     def record(self) -> dict[str, Any]:
-        """The trajectory record; "reward" is added by whoever grades it (`rstar2cli.rollout_job`).
+        """The trajectory record; "reward" is added by whoever grades it (`rstar2cli.rollout.jobs`).
 
         `text` is the whole response (tool outputs included), for reading; `model_text` is only
         what the model wrote (loss mask 1), the only text an answer is ever taken from.

@@ -9,7 +9,7 @@ Flow: every input is checked first (benchmark names and files, model folder or `
 answering `/v1/models`, each `--sandbox` answering /healthz, k <= n, a budget the model holds,
 the same model and sampling settings as earlier results of the same label) and a bad one fails
 with one line before any engine starts. The label's settings go into summary.json at once. Then
-the rollout job (`rstar2cli.rollout_job`: the KV-aware scheduler, the agent loop, the sandbox, the
+the rollout job (`rstar2cli.rollout.jobs`: the KV-aware scheduler, the agent loop, the sandbox, the
 training grader reading the model's own text) runs on engines from the engine spec (`--model`) or
 on `EndpointEngine`s (`--endpoint`, any OpenAI-compatible server), appending graded rows to
 `--out/results.jsonl` (fsynced per batch). Rerunning skips (label, benchmark, id, sample) already
@@ -232,7 +232,7 @@ def _print_plan(console: Any, plan: Any, settings: dict, num_pending: int) -> No
 def _start_engines(plan: Any, fit: Any) -> list[Any]:
     if plan.endpoints:
         from rstar2cli import protocol as P
-        from rstar2cli.scheduler.endpoint_engine import EndpointEngine
+        from rstar2cli.engines.endpoint_engine import EndpointEngine
 
         stop_id = int(fit.tokenizer.convert_tokens_to_ids(P.IM_END))
         return [
@@ -243,7 +243,7 @@ def _start_engines(plan: Any, fit: Any) -> list[Any]:
 
 
 def _run(console, plan, items, owner, label, sched, fit) -> None:
-    from rstar2cli.rollout_job import run_command_job
+    from rstar2cli.rollout.jobs import run_command_job
 
     def decorate(record: dict[str, Any]) -> dict[str, Any]:
         return {

@@ -2,7 +2,7 @@
 
 rStar2-Agent (arXiv 2508.20722, section 5) samples 8 rollouts per problem with the stage-2 model
 and keeps only the problems not solved 8/8 (17.3K of 42K). This command runs the rollout job
-(`rstar2cli.rollout_job`: the KV-aware scheduler, the agent loop, the tool, the RL reward read
+(`rstar2cli.rollout.jobs`: the KV-aware scheduler, the agent loop, the tool, the RL reward read
 from the model's own text, truncated -> 0) with `--samples` per problem and writes
 - `<out stem>.samples.jsonl`: one short row per graded sample (id, sample, reward, finish reason,
   tool calls), appended as samples finish: a rerun after an interrupt runs only what is missing;
@@ -56,7 +56,7 @@ def filter_hard(
         read_records,
         refuse_overwrite,
     )
-    from rstar2cli.rollout_job import make_items
+    from rstar2cli.rollout.jobs import make_items
 
     console = Console(highlight=False)
     if out.suffix.lower() not in (".parquet", ".jsonl"):
@@ -108,7 +108,7 @@ def _sample(
     console: Any, model: Path, args: O.RolloutArgs, fit: O.Fitted, items: list, paths: dict
 ) -> None:
     from rstar2cli.fileio import write_json_atomic
-    from rstar2cli.rollout_job import run_command_job
+    from rstar2cli.rollout.jobs import run_command_job
 
     spec = args.engine_spec(model)
     stats, sink = run_command_job(

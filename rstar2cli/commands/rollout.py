@@ -3,7 +3,7 @@
 Checks its inputs first (a writable .jsonl `--out` that is not `--data`, a model folder with a
 config.json, a data file with questions, a response budget the model can hold, every `--sandbox`
 answering /healthz, the same sampling settings as the records already in `--out`) and fails with
-one line before starting any engine. Then it runs the rollout job (`rstar2cli.rollout_job`):
+one line before starting any engine. Then it runs the rollout job (`rstar2cli.rollout.jobs`):
 `--samples` per problem through the scheduler, the agent loop and the tools, with a live progress
 line, appending one trajectory record per line to `--out` (fsynced per batch). Records of problems
 with an answer are graded (the paper's binary rule, read from the model's own text). Rerunning
@@ -48,7 +48,7 @@ def rollout(
 
     from rstar2cli.agent.inputs import check_model_folder, check_sandboxes, load_problems
     from rstar2cli.fileio import check_output_path, read_jsonl_if_exists
-    from rstar2cli.rollout_job import make_items
+    from rstar2cli.rollout.jobs import make_items
 
     console = Console(highlight=False)
     check_output_path(out, inputs=(data,), suffix=".jsonl")
@@ -81,7 +81,7 @@ def rollout(
 def _run(
     console: Any, model: Path, args: O.RolloutArgs, items: list, fit: O.Fitted, out: Path
 ) -> tuple[Any, Any]:
-    from rstar2cli.rollout_job import run_command_job
+    from rstar2cli.rollout.jobs import run_command_job
 
     spec = args.engine_spec(model)
     return run_command_job(

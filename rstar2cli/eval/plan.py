@@ -90,7 +90,7 @@ class Plan:
             self.tokenizer_path = str(model)
             self.default_label = model.resolve().name
             return
-        from rstar2cli.scheduler.endpoint_engine import EndpointError, probe_endpoint
+        from rstar2cli.engines.endpoint_engine import EndpointError, probe_endpoint
 
         try:
             self.endpoints = [probe_endpoint(url) for url in endpoints]

@@ -2,7 +2,7 @@
 
 - `pending_items`: the (problem, sample) items of a label not yet in results.jsonl (resume rule:
   a finished (label, benchmark, id, sample) is never run again), plus problem id -> benchmark.
-  A row of results.jsonl is the graded trajectory record (`rstar2cli.rollout_job.GradedSink`)
+  A row of results.jsonl is the graded trajectory record (`rstar2cli.rollout.jobs.GradedSink`)
   plus `label`, `benchmark` and `num_response_tokens`.
 - `check_answer_pairs`: equivalence of answer pairs (for maj@k) through the grader's bounded
   worker processes, so a pathological answer cannot stall the report.
@@ -25,7 +25,7 @@ def pending_items(
 ) -> tuple[list[dict[str, Any]], dict[str, str]]:
     """Items still to run for `label`, and problem id -> benchmark name."""
     from rstar2cli.fileio import read_jsonl_if_exists
-    from rstar2cli.rollout_job import make_items
+    from rstar2cli.rollout.jobs import make_items
 
     done = {
         (r.get("benchmark"), str(r.get("id")), int(r.get("sample", 0)))

@@ -108,7 +108,7 @@ def fresh_items(
     """Rollout items for a step's fresh prompts: each prompt instance named `group` ("step.i"),
     unique across steps, since a prompt may come round again while an earlier instance of it is
     still carried."""
-    from rstar2cli.rollout_job import make_items
+    from rstar2cli.rollout.jobs import make_items
 
     items = make_items(problems, num_samples)
     for i, item in enumerate(items):  # num_samples items per problem, in problem order

@@ -18,7 +18,7 @@ is checkpointed with the step, so a resumed run goes on with it (where a step st
 timing, so such a run is not repeated exactly on resume).
 
 With Ray (`--ray-address`, or several trainer ranks) the run first checks that every node can read
-the model and write OUT, and reserves GPUs for engines and ranks (rstar2cli/scheduler/placement.py;
+the model and write OUT, and reserves GPUs for engines and ranks (rstar2cli/cluster/placement.py;
 one-line errors); OUT/placement.json records where each engine and rank landed.
 
 What it does not do: parse options or recipes (rstar2cli.commands.rl_stage), algorithms (the cores
@@ -35,14 +35,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from rstar2cli.cluster.placement import absolute_path
 from rstar2cli.errors import EngineDead, UserError
 from rstar2cli.rl.correction import METRIC_KEYS as CORRECTION_METRICS
 from rstar2cli.rl.partial import CARRY_FILE, Carry
 from rstar2cli.rl.selection import rollout_metrics, select, update_metrics
 from rstar2cli.rl.stage_recipe import RlRecipe
 from rstar2cli.rl.trainer import TrainSample, UpdateSums
-from rstar2cli.rollout_job import Interrupted, StopSignals, scheduler_config, seed_base
-from rstar2cli.scheduler.placement import absolute_path
+from rstar2cli.rollout.jobs import Interrupted, StopSignals, scheduler_config, seed_base
 
 if TYPE_CHECKING:
     from rstar2cli.rl.workers import Trainers
@@ -116,7 +116,7 @@ class StageRun:
         r = self.recipe
         options = None
         if placement is not None:
-            options = [placement.options(slot) for slot in placement.plan.trainers]
+            options = [placement.options(bundle) for bundle in placement.plan.trainers]
         self.trainers = make_trainers(
             self.model,
             r.train,
@@ -142,7 +142,7 @@ class StageRun:
     async def run(self) -> Path:
         from rstar2cli.agent.loop import make_tool_runner
         from rstar2cli.reward.grader import Grader
-        from rstar2cli.scheduler.driver import rollout_session
+        from rstar2cli.rollout.driver import rollout_session
 
         self.stop.arm()  # Ctrl-C / SIGTERM: stop between awaits; a rerun resumes
         r = self.recipe
@@ -212,13 +212,13 @@ class StageRun:
 
     def _place(self) -> Any:
         """Join Ray, check that every node sees the paths, reserve the GPUs (one-line errors)."""
-        from rstar2cli.rl.workers import init_ray
-        from rstar2cli.scheduler.placement import (
+        from rstar2cli.cluster.placement import (
             RayPlacement,
             check_paths_on_nodes,
             has_cluster_gpus,
             plan_bundles,
         )
+        from rstar2cli.rl.workers import init_ray
 
         r = self.recipe
         init_ray(self.opts.ray_address, r.rollout.num_engines + r.train.num_trainer_ranks)
@@ -234,8 +234,8 @@ class StageRun:
         return RayPlacement.reserve(plan)
 
     def _start_engines(self, placement: Any) -> list[Any]:
-        from rstar2cli.scheduler.engines import make_engines
-        from rstar2cli.scheduler.placement import colocated_devices, engines_beside_trainer
+        from rstar2cli.cluster.placement import colocated_devices, engines_beside_trainer
+        from rstar2cli.engines.build import make_engines
 
         r = self.recipe
         if placement is not None and placement.plan.colocated:
@@ -270,8 +270,8 @@ class StageRun:
         engines' shares must fit it (gpu_fit.check_shared_gpu), else one line before any start."""
         import torch
 
-        from rstar2cli.scheduler import gpu_fit
-        from rstar2cli.scheduler.placement import gpu_memory_fraction
+        from rstar2cli.cluster import gpu_fit
+        from rstar2cli.cluster.placement import gpu_memory_fraction
 
         r = self.recipe
         per_engine = [(0,)] * r.rollout.num_engines
@@ -438,7 +438,7 @@ class StageRun:
         """The rollout job on the stage's engines: graded records in item order (reproducible
         whatever order they finished in), the seconds spent grading, and the driver's
         `RolloutStats`."""
-        from rstar2cli.rollout_job import in_item_order, make_items
+        from rstar2cli.rollout.jobs import in_item_order, make_items
 
         items = make_items(problems, num_samples)
         rows, grade_s, stats = await self._roll_items(
@@ -458,7 +458,7 @@ class StageRun:
     ) -> tuple[list[dict[str, Any]], float, Any]:
         """`items` rolled out and graded: (rows in finish order, grading seconds, the driver's
         `RolloutStats`). `partial`: `rollout_and_grade`'s on_record, carried and stop_when."""
-        from rstar2cli.rollout_job import GradedSink, rollout_and_grade
+        from rstar2cli.rollout.jobs import GradedSink, rollout_and_grade
 
         sink = GradedSink(grader, flush_every=None)
         stats = await rollout_and_grade(
@@ -564,7 +564,7 @@ def prepare_stage(recipe: RlRecipe) -> StageInputs:
     from transformers import AutoTokenizer
 
     from rstar2cli.agent.inputs import check_sandboxes, load_problems
-    from rstar2cli.rollout_job import drop_long_prompts
+    from rstar2cli.rollout.jobs import drop_long_prompts
 
     if recipe.sandbox.urls:
         check_sandboxes(recipe.sandbox.urls, recipe.sandbox.token_file)

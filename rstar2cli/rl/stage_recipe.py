@@ -21,9 +21,9 @@ from typing import Any, Literal, cast
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from rstar2cli.agent.loop import AgentConfig
+from rstar2cli.engines.base import DEFAULT_KV_CACHE_TOKENS, parse_speculative
 from rstar2cli.errors import UserError
 from rstar2cli.recipe import RecipeModel
-from rstar2cli.scheduler.engines import DEFAULT_KV_CACHE_TOKENS, parse_speculative
 from rstar2cli.scheduler.scheduler import SchedulerConfig
 
 

@@ -1,7 +1,7 @@
 """Getting the trainer's weights into the engines after each update, and the colocated phases.
 
 `WeightSync.setup()` (once, after the engines start) forms the transfer group of
-rstar2cli/scheduler/weight_sync.py: it asks trainer rank 0 for an address on its node, gives each
+rstar2cli/cluster/weight_sync.py: it asks trainer rank 0 for an address on its node, gives each
 engine that can receive (a vLLM engine: `num_weight_receivers()` = its workers) its range of
 ranks, and has everyone join at once. `push()` then, per sync: every trainer rank streams the
 weights out bucket by bucket (ZeRO-3: gathered per bucket) while rank 0 broadcasts, and the
@@ -17,7 +17,7 @@ Colocated (engines on the trainer's GPUs): `before_update()` puts the engines to
 frees weights and KV on a GPU) and `push()` wakes their weights, syncs, then wakes their KV.
 
 What it does not do: the update itself (rstar2cli/rl/trainer.py), start engines or choose
-placement (rstar2cli/scheduler/placement.py).
+placement (rstar2cli/cluster/placement.py).
 Tested in tests/integration/test_vllm_engine.py (two vLLM-CPU engines and a transformers engine:
 colocated sleep -> wake -> broadcast, the disk fallback in the same push; a tensor-parallel engine)
 and tests/integration/test_rl_stage.py (rl-stage on a 3-node Ray cluster, ZeRO-3 ranks).
@@ -29,8 +29,8 @@ import asyncio
 import logging
 from typing import Any
 
+from rstar2cli.cluster import weight_sync as ws
 from rstar2cli.errors import first_line
-from rstar2cli.scheduler import weight_sync as ws
 
 log = logging.getLogger(__name__)
 

@@ -33,7 +33,7 @@ tokens of the mini-batch), i.e. the core loss averaged over all model tokens of 
 
 Also: the weights leaving the trainer: `weight_buckets` (a collective: every rank enters each
 module's gather, rank 0 gets CPU tensors; the disk path and the HF folder) and `send_weights` (a
-broadcast sync, gathered per bucket, rstar2cli/scheduler/weight_sync.py), both under HF names;
+broadcast sync, gathered per bucket, rstar2cli/cluster/weight_sync.py), both under HF names;
 DeepSpeed checkpoints with client state, loading a previous stage's checkpoint with or without its
 optimizer, and the final HF folder. Several ranks are Ray actors (`rstar2cli.rl.workers`).
 
@@ -57,7 +57,7 @@ from rstar2cli.rl.stage_recipe import CorrectionConfig, RlTrainConfig
 from rstar2cli.train_utils import step_with_grad_norm
 
 if TYPE_CHECKING:
-    from rstar2cli.scheduler.weight_sync import SyncPlan
+    from rstar2cli.cluster.weight_sync import SyncPlan
 
 # plan[mini][micro] -> trajectories, for one rank
 RankPlan = list[list[list["TrainSample"]]]
@@ -185,7 +185,7 @@ class PolicyTrainer:
         import torch
         from transformers import AutoTokenizer
 
-        from rstar2cli.train_utils import EngineSpec, build_engine, build_frozen
+        from rstar2cli.train_utils import DeepSpeedSpec, build_deepspeed, build_frozen
 
         self.cfg, self.rank, self.world = cfg, rank, world
         # None: no correction (the old pass still runs; the metrics still come)
@@ -201,7 +201,7 @@ class PolicyTrainer:
             if tokenizer.pad_token_id is not None
             else tokenizer.convert_tokens_to_ids(P.IM_END)
         )
-        spec = EngineSpec(
+        spec = DeepSpeedSpec(
             model_path=model_path,
             zero_stage=cfg.zero_stage,
             bf16=bf16,
@@ -214,7 +214,7 @@ class PolicyTrainer:
         # NOTE: DeepSpeed advances the schedule once per optimizer step; warm-up counts RL steps
         # (verl steps the actor's scheduler once per update), each num_mini_batches of them.
         per_step = cfg.num_mini_batches
-        self.engine = build_engine(
+        self.engine = build_deepspeed(
             spec, world, lambda s: lr_factor(s // per_step, cfg.warmup_steps)
         )
         self.ref = None
@@ -381,14 +381,14 @@ class PolicyTrainer:
 
     def weight_plan(self, dtype: str) -> SyncPlan:
         """The buckets a broadcast sync sends (the same on every rank)."""
-        from rstar2cli.scheduler.weight_sync import module_plan
+        from rstar2cli.cluster.weight_sync import module_plan
 
         return module_plan(self.engine.module.lm, dtype)
 
     def send_weights(self, group: Any | None, plan: SyncPlan) -> int | None:
         """Collective (every rank, ZeRO-3 gathers per bucket): rank 0, holding the transfer group,
-        broadcasts the full weights bucket by bucket (rstar2cli/scheduler/weight_sync.py)."""
-        from rstar2cli.scheduler.weight_sync import moves_device_tensors, send_module
+        broadcasts the full weights bucket by bucket (rstar2cli/cluster/weight_sync.py)."""
+        from rstar2cli.cluster.weight_sync import moves_device_tensors, send_module
 
         on_device = group is not None and moves_device_tensors(group)
         device = self.engine.device if on_device else "cpu"

@@ -28,9 +28,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Protocol
 
+from rstar2cli.cluster.weight_sync import GroupAddress, SyncPlan, free_port, open_group
 from rstar2cli.rl.stage_recipe import CorrectionConfig, RlTrainConfig
 from rstar2cli.rl.trainer import PolicyTrainer, RankPlan, UpdateSums
-from rstar2cli.scheduler.weight_sync import GroupAddress, SyncPlan, free_port, open_group
 
 
 class Trainers(Protocol):
@@ -188,7 +188,7 @@ class TrainerActor:
         yield from self._built.weight_buckets()
 
     def placement(self) -> dict[str, Any]:
-        from rstar2cli.scheduler.placement import where_am_i
+        from rstar2cli.cluster.placement import where_am_i
 
         return {**where_am_i(), "on_gpu": self._built.on_gpu}
 

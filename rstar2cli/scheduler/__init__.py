@@ -1,2 +1,4 @@
-"""Rollout scheduling: the KV ledger (kv.py), the scheduler state machine (scheduler.py), the async
-driver (rollout.py) and the inference engines behind one Protocol (engines.py)."""
+"""The KV-cache-aware rollout scheduler, pure and stdlib-only: the KV ledger (kv.py), admission
+(admission.py), length prediction (predict.py), the tail rule (tail.py), the placement policies
+(incremental.py, baselines.py) and the state machine that uses them (scheduler.py). It imports no
+other rstar2cli package; the driver that runs it against engines is rstar2cli/rollout/driver.py."""

@@ -1,7 +1,7 @@
 """The rollout scheduler: which trajectory generates next, and on which engine.
 
 A small synchronous state machine over `Status` (vLLM v1 style); it does no I/O and knows nothing
-about tokens' content. The async driver (`rstar2cli.scheduler.driver`) and the cluster simulator
+about tokens' content. The async driver (`rstar2cli.rollout.driver`) and the cluster simulator
 (`benchmarks/scheduler_bench.py`) both feed it the same events:
 
     add(key)                      -> WAITING (not started)

@@ -7,7 +7,7 @@ token-level mean over all target tokens of the global batch, whatever the packin
 optimizer object: DeepSpeed's CPU Adam would compile for ~40 s), cosine schedule with linear
 warm-up, gradient clipping, gradient checkpointing and ZeRO stage come from the recipe; bf16 on
 GPU, fp32 on CPU (`DS_ACCELERATOR=cpu`, gloo). The engine is the shared one
-(`rstar2cli.train_utils.build_engine`: under ZeRO-3 the model is built partitioned) and the loss
+(`rstar2cli.train_utils.build_deepspeed`: under ZeRO-3 the model is built partitioned) and the loss
 sums the chunked log-probs of the targets (`rstar2cli.lm_scoring`), so no [tokens x vocab] fp32
 tensor exists for a whole micro-batch. One process needs no launcher; several come from torchrun
 (`torchrun --nproc_per_node N --no-python rstar2 sft-coldstart ...`, which sets RANK, WORLD_SIZE,
@@ -104,11 +104,11 @@ def _load_data(recipe: SftRecipe, tok: Any, out: Path, rank: int) -> list[Any]:
 def _build_engine(recipe: SftRecipe, model_path: str, num_steps: int, world: int, bf16: bool):
     import torch
 
-    from rstar2cli.train_utils import EngineSpec, build_engine
+    from rstar2cli.train_utils import DeepSpeedSpec, build_deepspeed
 
     t = recipe.train
     torch.manual_seed(t.seed)
-    spec = EngineSpec(
+    spec = DeepSpeedSpec(
         model_path=model_path,
         zero_stage=t.zero_stage,
         bf16=bf16,
@@ -120,7 +120,9 @@ def _build_engine(recipe: SftRecipe, model_path: str, num_steps: int, world: int
         adam_eps=t.adam_eps,
     )
     warmup = math.ceil(t.warmup_ratio * num_steps)
-    return build_engine(spec, world, lambda s: cosine_factor(s, num_steps, warmup, t.min_lr_ratio))
+    return build_deepspeed(
+        spec, world, lambda s: cosine_factor(s, num_steps, warmup, t.min_lr_ratio)
+    )
 
 
 # ---------------------------------------------------------------------------------------------

@@ -236,7 +236,7 @@ def _model(args: argparse.Namespace, dtype: Any) -> Any:
 def stage_buckets(args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
-    from rstar2cli.scheduler import weight_sync as ws
+    from rstar2cli.cluster import weight_sync as ws
 
     dev, dtype = _device(args), _dtype(args)
     wire = str(dtype).removeprefix("torch.")
@@ -311,8 +311,8 @@ def _run(coro: Any) -> Any:
 def stage_hf_engine(args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
-    from rstar2cli.scheduler.engines import SamplingSpec
-    from rstar2cli.scheduler.hf_engine import HfEngine
+    from rstar2cli.engines.base import SamplingSpec
+    from rstar2cli.engines.hf_engine import HfEngine
 
     dev = _device(args)
     engine = HfEngine(
@@ -345,9 +345,9 @@ def stage_hf_engine(args: argparse.Namespace) -> dict[str, Any]:
 def stage_agreement(args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
+    from rstar2cli.engines.base import SamplingSpec
+    from rstar2cli.engines.hf_engine import HfEngine
     from rstar2cli.lm_scoring import ScoringLM
-    from rstar2cli.scheduler.engines import SamplingSpec
-    from rstar2cli.scheduler.hf_engine import HfEngine
 
     dev = _device(args)
     out: dict[str, Any] = {}

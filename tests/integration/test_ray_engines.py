@@ -8,7 +8,8 @@ import asyncio
 
 import pytest
 
-from rstar2cli.scheduler.engines import Engine, SamplingSpec, make_engines
+from rstar2cli.engines.base import Engine, SamplingSpec
+from rstar2cli.engines.build import make_engines
 
 
 @pytest.fixture(scope="module")

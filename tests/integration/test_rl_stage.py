@@ -16,7 +16,7 @@ something to choose from, and the update is not zero.
   rows and final weights equal an uninterrupted run's exactly (the correction off; the metrics
   read from the engine's log-probs to 1e-6, see HF below). Rollouts are reproducible because
   every request's sampling seed is a function of (seed, step, problem, sample, turn)
-  (`rstar2cli.rollout_job.seed_base`) and the engine samples each request with its own generator;
+  (`rstar2cli.rollout.jobs.seed_base`) and the engine samples each request with its own generator;
   the engine gets the checkpoint's weights before the first rollout after the resume. This test
   uses the transformers engine, whose per-request generators make samples independent of how
   requests are batched together.
@@ -478,7 +478,7 @@ def test_three_node_cluster_rl_stage_places_engines_apart_and_syncs_by_broadcast
     import torch
     from transformers import AutoModelForCausalLM
 
-    from rstar2cli.scheduler import weight_sync as ws
+    from rstar2cli.cluster import weight_sync as ws
 
     root = setup["root"]
     out = root / "run_cluster"
@@ -519,8 +519,8 @@ def test_three_node_cluster_rl_stage_places_engines_apart_and_syncs_by_broadcast
 
 
 def test_three_node_cluster_one_line_errors_before_start(three_nodes, tmp_path):
+    from rstar2cli.cluster.placement import RayPlacement, check_paths_on_nodes, plan_bundles
     from rstar2cli.errors import UserError
-    from rstar2cli.scheduler.placement import RayPlacement, check_paths_on_nodes, plan_bundles
 
     check_paths_on_nodes([str(tmp_path)], writable=[str(tmp_path)])  # one machine: all see it
     with pytest.raises(UserError, match="not usable on Ray node") as err:

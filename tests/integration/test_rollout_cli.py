@@ -187,7 +187,8 @@ def test_forced_tool_call_runs_in_daemon_and_vllm_continues(tiny_model_dir):
     from transformers import AutoTokenizer
 
     from rstar2cli.agent.loop import AgentConfig, Next, ToolBatcher, Trajectory, prompt_ids_for
-    from rstar2cli.scheduler.engines import GenOutput, make_engines
+    from rstar2cli.engines.base import GenOutput
+    from rstar2cli.engines.build import make_engines
     from sandboxd.client import SandboxClient
     from sandboxd.server import spawn_daemon
 

@@ -9,8 +9,9 @@ import uuid
 
 import pytest
 
+from rstar2cli.engines.base import METRIC_KEYS, SamplingSpec
+from rstar2cli.engines.build import make_engines
 from rstar2cli.errors import UserError
-from rstar2cli.scheduler.engines import METRIC_KEYS, SamplingSpec, make_engines
 
 KV_CACHE_TOKENS = 2048
 MAX_MODEL_LEN = 1024
@@ -189,7 +190,7 @@ def test_weight_update_changes_outputs_to_the_new_weights(
     assert [o.token_ids for o in restored] == [o.token_ids for o in original]
 
 
-# -- the broadcast weight sync (rstar2cli/scheduler/weight_sync.py, vllm_sync_worker.py) ---------
+# -- the broadcast weight sync (rstar2cli/cluster/weight_sync.py, vllm_sync_worker.py) ---------
 
 
 def louder(model_dir):
@@ -216,22 +217,22 @@ class ModuleTrainers:
         return False
 
     def weight_group_address(self, world_size: int, backend: str):
-        from rstar2cli.scheduler import weight_sync as ws
+        from rstar2cli.cluster import weight_sync as ws
 
         return ws.GroupAddress("127.0.0.1", ws.free_port(), world_size, backend)
 
     def join_weight_group(self, address) -> None:
-        from rstar2cli.scheduler import weight_sync as ws
+        from rstar2cli.cluster import weight_sync as ws
 
         self.group = ws.open_group(address, 0)
 
     def weight_plan(self, dtype: str):
-        from rstar2cli.scheduler import weight_sync as ws
+        from rstar2cli.cluster import weight_sync as ws
 
         return ws.module_plan(self.module, dtype, max_bucket_bytes=200_000)  # several buckets
 
     def send_weights(self, plan):
-        from rstar2cli.scheduler import weight_sync as ws
+        from rstar2cli.cluster import weight_sync as ws
 
         return ws.send_module(self.module, self.group, plan, zero3=False, device="cpu")
 
@@ -250,8 +251,8 @@ def test_broadcast_sync_and_colocated_phases(engines, loop, prompts, tiny_model_
     A transformers engine beside them cannot join and takes the disk path in the same push."""
     from transformers import AutoModelForCausalLM
 
+    from rstar2cli.engines.local import build_engine
     from rstar2cli.rl.sync import WeightSync
-    from rstar2cli.scheduler.engines import build_engine
 
     original = greedy_on_both(loop, engines, prompts[:2])
     new = louder(tiny_model_dir)

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import asyncio
 
+from rstar2cli.engines.base import GenOutput
 from rstar2cli.errors import EngineDead
-from rstar2cli.scheduler.engines import GenOutput
 
 
 class ScriptedEngine:

@@ -19,8 +19,8 @@ from rstar2cli.agent.loop import (
     run_trajectory,
 )
 from rstar2cli.data.tiny import build_tokenizer
-from rstar2cli.scheduler.driver import run_rollout
-from rstar2cli.scheduler.engines import GenOutput
+from rstar2cli.engines.base import GenOutput
+from rstar2cli.rollout.driver import run_rollout
 from rstar2cli.scheduler.scheduler import SchedulerConfig
 from sandboxd.pool import LocalSandbox
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from rstar2cli.scheduler.endpoint_engine import EndpointError, base_url, parse_choice
+from rstar2cli.engines.endpoint_engine import EndpointError, base_url, parse_choice
 
 IM_END = 1
 

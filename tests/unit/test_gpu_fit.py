@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
+from rstar2cli.cluster import gpu_fit
+from rstar2cli.cluster.placement import GPU_MEMORY_FRACTION
+from rstar2cli.engines.vllm_engine import kv_bytes_per_token, sizing_args
 from rstar2cli.errors import UserError
 from rstar2cli.recipe import load_recipe
 from rstar2cli.rl.stage_recipe import RlRecipe
-from rstar2cli.scheduler import gpu_fit
-from rstar2cli.scheduler.placement import GPU_MEMORY_FRACTION
-from rstar2cli.scheduler.vllm_engine import kv_bytes_per_token, sizing_args
 
 REPO = Path(__file__).resolve().parents[2]
 QWEN3_14B_PARAMS = 14_770_000_000
@@ -158,7 +158,7 @@ def test_one_gpu_for_trainer_and_engine_fits_or_says_what_to_do():
 
 
 def test_model_numel_reads_the_safetensors_headers(tiny_model_dir):
-    from rstar2cli.scheduler.engines import read_safetensors_folder
+    from rstar2cli.engines.base import read_safetensors_folder
 
     tensors = read_safetensors_folder(tiny_model_dir)
     assert gpu_fit.model_numel(tiny_model_dir) == sum(t.numel() for t in tensors.values())

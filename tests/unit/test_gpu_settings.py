@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from rstar2cli import train_utils
-from rstar2cli.scheduler import ray_engine, vllm_engine
+from rstar2cli.engines import ray_engine, vllm_engine
 
 
 @pytest.mark.parametrize("stage", [1, 2, 3])

@@ -9,7 +9,8 @@ import asyncio
 import pytest
 
 from rstar2cli import protocol as P
-from rstar2cli.scheduler.engines import METRIC_KEYS, Engine, SamplingSpec, make_engines
+from rstar2cli.engines.base import METRIC_KEYS, Engine, SamplingSpec
+from rstar2cli.engines.build import make_engines
 
 
 @pytest.fixture(scope="module")

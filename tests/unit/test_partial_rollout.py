@@ -26,7 +26,7 @@ from rstar2cli.rl.partial import (
     num_fresh,
     stale_token_share,
 )
-from rstar2cli.rollout_job import GradedSink, rollout_and_grade
+from rstar2cli.rollout.jobs import GradedSink, rollout_and_grade
 from rstar2cli.scheduler.scheduler import SchedulerConfig
 from rstar2cli.train_utils import batch_indices, stream_indices
 from sandboxd.pool import LocalSandbox

@@ -7,8 +7,8 @@ import os
 
 import pytest
 
+from rstar2cli.cluster import placement as pl
 from rstar2cli.errors import UserError
-from rstar2cli.scheduler import placement as pl
 
 
 def test_local_devices_take_tp_gpus_each_in_order_and_wrap_when_short():
@@ -70,8 +70,8 @@ def test_separate_plan_spreads_engine_bundles_and_packs_trainer_ranks():
     engines, ranks = plan.groups
     assert engines.strategy == "SPREAD" and engines.bundles == ({"CPU": 1.0, "GPU": 2.0},) * 2
     assert ranks.strategy == "PACK" and ranks.bundles == ({"CPU": 1.0, "GPU": 1.0},) * 3
-    assert [(s.group, s.bundle, s.num_gpus) for s in plan.engines] == [(0, 0, 2.0), (0, 1, 2.0)]
-    assert [(s.group, s.bundle) for s in plan.trainers] == [(1, 0), (1, 1), (1, 2)]
+    assert [(s.group, s.index, s.num_gpus) for s in plan.engines] == [(0, 0, 2.0), (0, 1, 2.0)]
+    assert [(s.group, s.index) for s in plan.trainers] == [(1, 0), (1, 1), (1, 2)]
     assert plan.num_gpus == 7 and not plan.colocated
     cpu = pl.plan_bundles(2, 1, 0, has_gpus=False)  # a CPU cluster, engines only
     assert len(cpu.groups) == 1 and cpu.groups[0].bundles == ({"CPU": 1.0},) * 2
@@ -82,8 +82,8 @@ def test_colocated_plan_puts_tp_ranks_in_each_engine_bundle():
     plan = pl.plan_bundles(2, 2, 4, has_gpus=True, colocate=True)
     (group,) = plan.groups
     assert group.strategy == "PACK" and group.bundles == ({"CPU": 3.0, "GPU": 2.0},) * 2
-    assert [(s.bundle, s.num_gpus) for s in plan.engines] == [(0, 0.0), (1, 0.0)]
-    assert [(s.bundle, s.num_gpus) for s in plan.trainers] == [(0, 1.0), (0, 1.0), (1, 1.0)] + [
+    assert [(s.index, s.num_gpus) for s in plan.engines] == [(0, 0.0), (1, 0.0)]
+    assert [(s.index, s.num_gpus) for s in plan.trainers] == [(0, 1.0), (0, 1.0), (1, 1.0)] + [
         (1, 1.0)
     ]
     # each engine runs on the GPUs Ray gave the ranks of its bundle

@@ -17,7 +17,7 @@ from rstar2cli.agent.loop import AgentConfig, ToolBatcher
 from rstar2cli.data.tiny import build_tokenizer
 from rstar2cli.errors import EngineDead, UserError
 from rstar2cli.reward.grader import Grader
-from rstar2cli.rollout_job import (
+from rstar2cli.rollout.jobs import (
     GradedSink,
     graded_text,
     in_item_order,

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import pytest
 
+from rstar2cli.engines.base import SPECULATIVE_MAX_BATCH, parse_speculative
+from rstar2cli.engines.vllm_engine import VllmStats, speculative_config
 from rstar2cli.errors import UserError
-from rstar2cli.scheduler.engines import SPECULATIVE_MAX_BATCH, parse_speculative
-from rstar2cli.scheduler.vllm_engine import VllmStats, speculative_config
 
 
 def test_method_and_tokens_parse_and_bad_ones_are_one_line_errors():

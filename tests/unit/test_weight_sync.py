@@ -7,7 +7,7 @@ import multiprocessing as mp
 
 import pytest
 
-from rstar2cli.scheduler import weight_sync as ws
+from rstar2cli.cluster import weight_sync as ws
 
 
 def test_buckets_keep_order_and_cut_at_the_byte_limit():
@@ -123,7 +123,7 @@ def test_the_reload_drops_only_vllms_rotary_cache_warning():
     import logging
     from pathlib import Path
 
-    from rstar2cli.scheduler import vllm_sync_worker as vw
+    from rstar2cli.engines import vllm_sync_worker as vw
 
     # vLLM's own reload module logs this very message on this very logger (read, not imported)
     vllm_dir = Path(importlib.util.find_spec("vllm").origin).parent

@@ -36,8 +36,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from rstar2cli.cluster import weight_sync as ws
 from rstar2cli.procguard import leave_sigterm_to_the_engine_core
-from rstar2cli.scheduler import weight_sync as ws
 
 RELOAD_LOGGER = "vllm.model_executor.model_loader.reload.layerwise"
 RELOAD_FAILED = "%s: Failed to load weights"  # vLLM's message, the layer's class name as %s

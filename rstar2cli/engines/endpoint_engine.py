@@ -35,7 +35,7 @@ import urllib.request
 from dataclasses import dataclass
 from typing import Any
 
-from rstar2cli.scheduler.engines import GenOutput, SamplingSpec
+from rstar2cli.engines.base import GenOutput, SamplingSpec
 
 ENDPOINT_KV_CAPACITY_TOKENS = 2**40
 _RETRY_STATUSES = (429, 500, 502, 503, 504)

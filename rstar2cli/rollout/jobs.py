@@ -4,7 +4,7 @@ A job turns problems into graded trajectory records:
 
     make_items      sample s = 0..n-1 of every problem, pairs already done skipped
     run_rollout     the KV-aware scheduler, the agent loop and the tools on the engines
-                    (`rstar2cli.scheduler.driver`)
+                    (`rstar2cli.rollout.driver`)
     GradedSink      the paper's binary reward, read from the model's own text only, then the rows
                     go to the caller's writer
 
@@ -216,7 +216,7 @@ async def rollout_and_grade(
     """Roll `items` out on running engines into `sink` (flushed at the end); `on_record` is told
     of each finished record too. Returns the driver's `RolloutStats`. `carried` and `stop_when`:
     partial rollout (`driver.run_rollout`)."""
-    from rstar2cli.scheduler.driver import run_rollout
+    from rstar2cli.rollout.driver import run_rollout
 
     def take(record: dict[str, Any]) -> None:
         sink.add(record)
@@ -312,7 +312,7 @@ class _CommandRun:
         self, start_engines: Callable[[], Any], tool_urls: list[str], token_file: Path | None
     ) -> Any:
         from rstar2cli.agent.loop import make_tool_runner
-        from rstar2cli.scheduler.driver import rollout_session
+        from rstar2cli.rollout.driver import rollout_session
 
         self.stop.arm(self.sink.close_intake)
         tools = make_tool_runner(

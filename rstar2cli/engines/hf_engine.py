@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rstar2cli import protocol as P
-from rstar2cli.scheduler.engines import GenOutput, SamplingSpec, read_safetensors_folder
+from rstar2cli.engines.base import GenOutput, SamplingSpec, read_safetensors_folder
 
 log = logging.getLogger(__name__)
 

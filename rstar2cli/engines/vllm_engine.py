@@ -46,16 +46,16 @@ from pathlib import Path
 from typing import Any, cast
 
 from rstar2cli import protocol as P
-from rstar2cli.errors import EngineDead, UserError, first_line
-from rstar2cli.scheduler.engines import (
+from rstar2cli.cluster.weight_sync import GroupAddress, SyncPlan
+from rstar2cli.engines.base import (
     DEFAULT_KV_CACHE_TOKENS,
     GenOutput,
     SamplingSpec,
     parse_speculative,
     read_safetensors_folder,
 )
-from rstar2cli.scheduler.vllm_sync_worker import WeightSyncWorker
-from rstar2cli.scheduler.weight_sync import GroupAddress, SyncPlan
+from rstar2cli.engines.vllm_sync_worker import WeightSyncWorker
+from rstar2cli.errors import EngineDead, UserError, first_line
 
 log = logging.getLogger(__name__)
 
@@ -243,8 +243,8 @@ class VllmEngine:
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
+        from rstar2cli.cluster.placement import GPU_MEMORY_FRACTION, engine_env
         from rstar2cli.procguard import start_deaf_to_sigint
-        from rstar2cli.scheduler.placement import GPU_MEMORY_FRACTION, engine_env
 
         if kv_cache_tokens is not None and kv_cache_tokens < max_model_len:
             raise ValueError(
@@ -320,8 +320,8 @@ class VllmEngine:
         GPU (gpu_fit.py); skipped where the device's memory cannot be read without CUDA."""
         import os
 
-        from rstar2cli.scheduler import gpu_fit
-        from rstar2cli.scheduler.placement import on_rocm, physical_gpu_ids
+        from rstar2cli.cluster import gpu_fit
+        from rstar2cli.cluster.placement import on_rocm, physical_gpu_ids
 
         first = self.devices[0] if self.devices else physical_gpu_ids([0], os.environ, on_rocm())[0]
         device_bytes = gpu_fit.device_memory_bytes(first)
@@ -431,7 +431,7 @@ class VllmEngine:
         await self._llm.collective_rpc("reload_weights", kwargs={"weights_path": str(folder)})
         await self._llm.reset_prefix_cache()
 
-    # -- the collective path (rstar2cli/scheduler/weight_sync.py) -------------------------------
+    # -- the collective path (rstar2cli/cluster/weight_sync.py) -------------------------------
 
     def num_weight_receivers(self) -> int:
         """Members this engine brings to the transfer group: one per worker."""

@@ -195,11 +195,11 @@ def engine_env(devices: Sequence[str], tensor_parallel_size: int, on_gpu: bool) 
 
 
 @dataclass(frozen=True)
-class Slot:
-    """Where one actor goes: bundle `bundle` of placement group `group`, and what it asks for."""
+class Bundle:
+    """Where one actor goes: bundle `index` of placement group `group`, and what it asks for."""
 
     group: int
-    bundle: int
+    index: int
     num_gpus: float
     num_cpus: float
 
@@ -213,8 +213,8 @@ class GroupSpec:
 @dataclass(frozen=True)
 class BundlePlan:
     groups: tuple[GroupSpec, ...]
-    engines: tuple[Slot, ...]
-    trainers: tuple[Slot, ...]
+    engines: tuple[Bundle, ...]
+    trainers: tuple[Bundle, ...]
     colocated: bool
 
     @property
@@ -230,7 +230,7 @@ def plan_bundles(
     colocate: bool = False,
     num_cpus_per_actor: float = 1.0,
 ) -> BundlePlan:
-    """The placement groups and each actor's slot (see the module docstring). `num_trainer_ranks`
+    """The placement groups and each actor's bundle (see the module docstring). `num_trainer_ranks`
     0: engines only (rollout, eval, filter-hard)."""
     if colocate:
         return _colocated_plan(
@@ -239,9 +239,9 @@ def plan_bundles(
     tp, cpus = tensor_parallel_size, num_cpus_per_actor
     engine_gpus = float(tp) if has_gpus else 0.0
     groups = [GroupSpec(_bundles(num_engines, cpus, engine_gpus), "SPREAD")]
-    engines = tuple(Slot(0, e, engine_gpus, cpus) for e in range(num_engines))
+    engines = tuple(Bundle(0, e, engine_gpus, cpus) for e in range(num_engines))
     rank_gpus = 1.0 if has_gpus else 0.0
-    trainers = tuple(Slot(1, r, rank_gpus, cpus) for r in range(num_trainer_ranks))
+    trainers = tuple(Bundle(1, r, rank_gpus, cpus) for r in range(num_trainer_ranks))
     if trainers:
         groups.append(GroupSpec(_bundles(num_trainer_ranks, cpus, rank_gpus), "PACK"))
     return BundlePlan(tuple(groups), engines, trainers, colocated=False)
@@ -256,9 +256,9 @@ def _colocated_plan(
             f"num_engines x tensor_parallel_size = {num_engines * tp}, not {num_trainer_ranks}"
         )
     bundles = _bundles(num_engines, cpus * (tp + 1), float(tp) if has_gpus else 0.0)
-    engines = tuple(Slot(0, e, 0.0, cpus) for e in range(num_engines))
+    engines = tuple(Bundle(0, e, 0.0, cpus) for e in range(num_engines))
     rank_gpus = 1.0 if has_gpus else 0.0
-    trainers = tuple(Slot(0, r // tp, rank_gpus, cpus) for r in range(num_trainer_ranks))
+    trainers = tuple(Bundle(0, r // tp, rank_gpus, cpus) for r in range(num_trainer_ranks))
     return BundlePlan((GroupSpec(bundles, "PACK"),), engines, trainers, colocated=True)
 
 
@@ -275,8 +275,8 @@ def colocated_devices(
     for engine in plan.engines:
         ids = [
             g
-            for slot, gpus in zip(plan.trainers, trainer_gpu_ids, strict=True)
-            if slot.bundle == engine.bundle
+            for bundle, gpus in zip(plan.trainers, trainer_gpu_ids, strict=True)
+            if bundle.index == engine.index
             for g in gpus
         ]
         out.append(tuple(ids))
@@ -305,7 +305,7 @@ def check_cluster_gpus(node_gpus: Sequence[float], plan: BundlePlan) -> None:
 
 @dataclass
 class RayPlacement:
-    """Reserved placement groups for one `BundlePlan`; `options(slot)` places an actor."""
+    """Reserved placement groups for one `BundlePlan`; `options(bundle)` places an actor."""
 
     plan: BundlePlan
     groups: list[Any] = field(default_factory=list)
@@ -334,15 +334,15 @@ class RayPlacement:
             ) from None
         return cls(plan, groups)
 
-    def options(self, slot: Slot) -> dict[str, Any]:
+    def options(self, bundle: Bundle) -> dict[str, Any]:
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         return {
-            "num_gpus": slot.num_gpus,
-            "num_cpus": slot.num_cpus,
+            "num_gpus": bundle.num_gpus,
+            "num_cpus": bundle.num_cpus,
             "scheduling_strategy": PlacementGroupSchedulingStrategy(
-                placement_group=self.groups[slot.group],
-                placement_group_bundle_index=slot.bundle,
+                placement_group=self.groups[bundle.group],
+                placement_group_bundle_index=bundle.index,
             ),
         }
 

@@ -26,12 +26,13 @@ import asyncio
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from rstar2cli.engines.base import GenOutput, SamplingSpec
+from rstar2cli.engines.local import build_engine
 from rstar2cli.errors import EngineDead, UserError, first_line
-from rstar2cli.scheduler.engines import GenOutput, SamplingSpec, build_engine
 
 if TYPE_CHECKING:
-    from rstar2cli.scheduler.placement import RayPlacement
-    from rstar2cli.scheduler.weight_sync import GroupAddress, SyncPlan
+    from rstar2cli.cluster.placement import RayPlacement
+    from rstar2cli.cluster.weight_sync import GroupAddress, SyncPlan
 
 
 # NOTE: a colocated engine actor asks Ray for no GPU and runs on its bundle's (`devices`); Ray
@@ -48,7 +49,7 @@ class EngineActor:
         self.engine = build_engine(kind, **settings)
 
     def info(self) -> dict[str, Any]:
-        from rstar2cli.scheduler.placement import where_am_i
+        from rstar2cli.cluster.placement import where_am_i
 
         receivers = getattr(self.engine, "num_weight_receivers", None)
         return {
@@ -241,13 +242,13 @@ def start_ray_engines(
     engine is up (they start in parallel)."""
     import ray
 
-    from rstar2cli.procguard import ray_init
-    from rstar2cli.scheduler.placement import (
+    from rstar2cli.cluster.placement import (
         RayPlacement,
         check_paths_on_nodes,
         has_cluster_gpus,
         plan_bundles,
     )
+    from rstar2cli.procguard import ray_init
 
     if not ray.is_initialized():
         ray_init(address=None if address == "local" else address)
