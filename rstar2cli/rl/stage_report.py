@@ -2,13 +2,14 @@
 
 One row per step goes to OUT/metrics.jsonl (fsynced). On resume, rows past the checkpoint's step
 are dropped first (the interrupted run wrote them after its last checkpoint and they are about to
-be redone) and TensorBoard purges the same steps, so every output shows one clean curve. W&B is
-used only when the recipe names a project. The live view is a rich progress bar over steps with the
+be redone) and TensorBoard purges the same steps, so every output shows one clean curve. W&B (the
+optional `wandb` extra) is used only when the recipe names a project; WANDB_MODE=offline keeps
+its run under OUT/wandb. The live view is a rich progress bar over steps with the
 current phase (rollout progress, grading, update, sync) and the last step's headline numbers.
 `plot_metrics` draws the main curves into OUT/curves.png.
 
 What it does not do: compute metrics (rstar2cli.rl.stage does). Exercised by
-tests/integration/test_rl_stage.py.
+tests/integration/test_rl_stage.py; the W&B hook by tests/unit/test_wandb_offline.py.
 """
 
 from __future__ import annotations
@@ -169,7 +170,7 @@ def _start_wandb(project: str, name: str, config: dict[str, Any], out: Path) -> 
         import wandb
     except ImportError as exc:
         raise UserError(
-            "log.wandb_project is set but wandb is not installed (pip install wandb)"
+            "log.wandb_project is set but wandb is not installed (pip install 'rstar2cli[wandb]')"
         ) from exc
     return wandb.init(
         project=project, name=name, config=config, dir=str(out), resume="allow", id=name
