@@ -39,7 +39,7 @@ NUM_PROMPTS, NUM_KEPT = 8, 4
 def step_samples(tokenizer: Any, seed: int = 0) -> list[Any]:
     """NUM_PROMPTS x NUM_KEPT trajectories: prompt ids, response ids, loss mask, an advantage."""
     from rstar2cli.data.synthetic import make_synthetic
-    from rstar2cli.rl.trainer import TrainSample
+    from rstar2cli.rl.batch import TrainSample
     from rstar2cli.sft.data import render_chat, tokenize_segments
     from rstar2cli.sft.synthetic_transcripts import make_transcripts
 

@@ -98,7 +98,7 @@ def build_model(folder: Path) -> int:
 def trajectories() -> list[Any]:
     import random
 
-    from rstar2cli.rl.trainer import TrainSample
+    from rstar2cli.rl.batch import TrainSample
 
     rng = random.Random(0)
     out = []
@@ -135,7 +135,7 @@ def new_score(model: Any, sample: Any) -> tuple[Any, Any, Any, Any]:
     all [1, N]."""
     import torch
 
-    from rstar2cli.rl.trainer import collate
+    from rstar2cli.rl.batch import collate
 
     batch = collate([sample], pad_id=0)
     logprobs, entropy = model(

@@ -18,7 +18,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from rstar2cli.records import GradedRecord
 from rstar2cli.rl.roc import RolloutSummary, tool_error_share
+from sandboxd.pool import DEFAULT_WORKERS
 
 SANDBOX_URL_VAR = "$SANDBOX"
 
@@ -134,7 +136,7 @@ def shell_script(steps: list[Step], port: int = 8765) -> str:
         "#!/usr/bin/env bash",
         f"# The quickstart pipeline, as commands. {SCRIPT_MARK}.",
         "set -euo pipefail",
-        f"rstar2 serve-sandbox --host 127.0.0.1 --port {port} --workers 2 &",
+        f"rstar2 serve-sandbox --host 127.0.0.1 --port {port} --workers {DEFAULT_WORKERS} &",
         "SANDBOX_PID=$!",
         "trap 'kill $SANDBOX_PID' EXIT",
         f"SANDBOX=http://127.0.0.1:{port}",
@@ -146,7 +148,7 @@ def shell_script(steps: list[Step], port: int = 8765) -> str:
     return "\n".join(lines) + "\n"
 
 
-def label_summary(rows: Iterable[dict[str, Any]]) -> dict[str, Any]:
+def label_summary(rows: Iterable[GradedRecord]) -> dict[str, Any]:
     """Accuracy, tool calls per trajectory, tool-error share inside correct trajectories, length."""
     rows = list(rows)
     if not rows:
@@ -164,8 +166,8 @@ def label_summary(rows: Iterable[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def summarize(results: list[dict[str, Any]], rl_steps: int, seconds: float) -> dict[str, Any]:
-    by_label: dict[str, list[dict[str, Any]]] = {"sft": [], "rl": []}
+def summarize(results: list[GradedRecord], rl_steps: int, seconds: float) -> dict[str, Any]:
+    by_label: dict[str, list[GradedRecord]] = {"sft": [], "rl": []}
     for r in results:
         if r.get("label") in by_label:
             by_label[r["label"]].append(r)

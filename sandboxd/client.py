@@ -13,7 +13,7 @@ $RSTAR2_SANDBOX_TOKEN; sandboxd.auth). A daemon answering 401 is a setup error, 
 `SandboxUnauthorized` (one line, naming the URL, never the token) is raised at once, without retry.
 
 What it does not: retry a snippet's own failures (error, timeout, memory, output_limit are
-answers, not infrastructure faults), or start daemons (sandboxd.server.spawn_daemon does).
+answers, not infrastructure faults), or start daemons (sandboxd.spawn.spawn_daemon does).
 
 Tested in tests/sandboxd/test_failover.py (two daemons, one killed mid-burst; unreachable URLs) and
 test_auth.py (no, wrong and right tokens against a real daemon).

@@ -38,6 +38,9 @@ from sandboxd.zygote import DEFAULT_PRELOAD
 LATENCY_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 _HEADER_SIZE = 4
 _SPAWN_TIMEOUT_S = 60.0
+# worker slots when nobody says (daemon, `rstar2 serve-sandbox`, spawn_daemon, in-process pools);
+# a sandbox node serves about one per core, so its operator passes --workers
+DEFAULT_WORKERS = 2
 
 
 class QueueFull(Exception):
@@ -46,7 +49,7 @@ class QueueFull(Exception):
 
 @dataclass
 class PoolConfig:
-    num_workers: int = 2
+    num_workers: int = DEFAULT_WORKERS
     timeout_s: float = 10.0  # default and maximum wall-clock time per job
     memory_mb: int = 1024  # address space a job may add on top of the warm interpreter
     max_output_bytes: int = 1_000_000  # stdout + stderr; beyond it the job ends as output_limit
@@ -388,7 +391,7 @@ class LocalSandbox:
 
     def __init__(
         self,
-        num_workers: int = 2,
+        num_workers: int = DEFAULT_WORKERS,
         timeout_s: float = 10.0,
         memory_mb: int = 1024,
         max_output_bytes: int = 1_000_000,

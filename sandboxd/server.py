@@ -1,4 +1,4 @@
-"""HTTP front of sandboxd (aiohttp), its entry point, and `spawn_daemon` for tests and scripts.
+"""HTTP front of sandboxd (aiohttp) and its entry point (`spawn_daemon` is in sandboxd/spawn.py).
 
 Endpoints (loopback by default):
   POST /v1/batch             native: {"jobs": [{"code","stdin","timeout_s"}]} -> {"results": [...]}
@@ -29,23 +29,18 @@ import asyncio
 import functools
 import json
 import os
-import re
 import signal
-import subprocess
 import sys
 import time
-import urllib.request
-from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
 
 from sandboxd import wire
 from sandboxd.auth import TokenError, auth_summary, check_bind, load_token, token_matches
-from sandboxd.pool import LATENCY_BUCKETS_S, Pool, PoolConfig, QueueFull
-from sandboxd.wire import Job, JobResult, ProtocolError
+from sandboxd.pool import DEFAULT_WORKERS, LATENCY_BUCKETS_S, Pool, PoolConfig, QueueFull
+from sandboxd.wire import READY_PREFIX, Job, JobResult, ProtocolError
 
-READY_PREFIX = "sandboxd listening on "
 _MAX_BODY_BYTES = 512 * 2**20
 IDLE_TIMEOUT_S = 60.0  # default: a request head and then its body must each come within it
 _LINGERING_S = 10.0  # aiohttp's own
@@ -343,7 +338,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--host", default="127.0.0.1", help="address to bind (loopback by default)")
     p.add_argument("--port", type=int, default=8080, help="port (0 picks a free one)")
-    p.add_argument("--workers", type=int, default=max(1, os.cpu_count() or 1))
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=DEFAULT_WORKERS,
+        help=f"worker slots (warm zygotes), about one per core (default {DEFAULT_WORKERS})",
+    )
     p.add_argument(
         "--timeout-s", type=float, default=10.0, help="default and maximum wall time per job"
     )
@@ -449,94 +449,3 @@ def main(argv: list[str] | None = None) -> None:
             insecure_no_auth=args.insecure_no_auth,
         )
     )
-
-
-# ---------------------------------------------------------------- spawn_daemon (tests, scripts)
-
-
-@dataclass
-class DaemonHandle:
-    url: str
-    process: subprocess.Popen[str]
-    startup_line: str
-
-    def stop(self, timeout_s: float = 30.0) -> None:
-        """SIGTERM (graceful drain), then SIGKILL if it does not exit in time."""
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout_s)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-        if self.process.stdout is not None:
-            self.process.stdout.close()
-
-    def kill(self) -> None:
-        """SIGKILL, no drain (the zygotes follow through their parent-death signals)."""
-        if self.process.poll() is None:
-            self.process.kill()
-        self.process.wait()
-
-    def __enter__(self) -> DaemonHandle:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
-
-def spawn_daemon(
-    workers: int = 2,
-    timeout_s: float = 10.0,
-    memory_mb: int = 1024,
-    port: int = 0,
-    max_output_bytes: int = 1_000_000,
-    extra_args: tuple[str, ...] = (),
-    env: dict[str, str] | None = None,
-    startup_timeout_s: float = 120.0,
-) -> DaemonHandle:
-    """Start `python -m sandboxd` on 127.0.0.1 and wait until /healthz answers."""
-    cmd = [
-        sys.executable,
-        "-m",
-        "sandboxd",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--workers",
-        str(workers),
-        "--timeout-s",
-        str(timeout_s),
-        "--memory-mb",
-        str(memory_mb),
-        "--max-output-bytes",
-        str(max_output_bytes),
-        "--exit-with-parent",
-        str(os.getpid()),
-        *extra_args,
-    ]
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    full_env = dict(os.environ if env is None else env)
-    full_env["PYTHONPATH"] = root + os.pathsep + full_env.get("PYTHONPATH", "")
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=full_env)
-    assert proc.stdout is not None
-    deadline = time.monotonic() + startup_timeout_s
-    line = ""
-    while time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        if not line:
-            proc.wait()
-            raise RuntimeError(f"sandboxd exited during start-up (code {proc.returncode})")
-        if line.startswith(READY_PREFIX):
-            break
-    match = re.search(r"http://[\d.]+:\d+", line)
-    if match is None:
-        proc.kill()
-        raise RuntimeError("sandboxd did not report its address")
-    handle = DaemonHandle(url=match.group(0), process=proc, startup_line=line.strip())
-    with urllib.request.urlopen(handle.url + "/healthz", timeout=10) as resp:
-        if resp.status != 200:
-            handle.kill()
-            raise RuntimeError("sandboxd /healthz did not answer 200")
-    return handle

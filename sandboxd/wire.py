@@ -19,6 +19,8 @@ from typing import Any
 
 STATUSES = ("ok", "error", "timeout", "memory", "output_limit", "sandbox_error")
 MAX_JOBS_PER_REQUEST = 50_000
+# the daemon's first stdout line once it listens: READY_PREFIX + its URL (sandboxd.spawn reads it)
+READY_PREFIX = "sandboxd listening on "
 
 
 class ProtocolError(ValueError):

@@ -107,7 +107,7 @@ def sampling_logprobs():
 def daemon() -> Iterator:
     from sbhelpers import SECRET  # tests/sandboxd
 
-    from sandboxd.server import spawn_daemon
+    from sandboxd.spawn import spawn_daemon
 
     env = dict(os.environ, SANDBOXD_TEST_SECRET=SECRET)
     handle = spawn_daemon(

@@ -49,6 +49,7 @@ from typing import Any, Protocol
 
 from rstar2cli import protocol as P
 from rstar2cli.errors import UserError
+from rstar2cli.records import ToolCallRecord, TrajectoryRecord
 from sandboxd.auth import SandboxUnauthorized
 from sandboxd.wire import Job, JobResult
 
@@ -123,7 +124,7 @@ class Trajectory:
         self.layout = P.TrajectoryLayout(list(prompt_ids))
         self.num_turns = 0
         self.model_text = ""  # decoded model turns only (tool outputs never count as answers)
-        self.tool_calls: list[dict[str, Any]] = []
+        self.tool_calls: list[ToolCallRecord] = []
         self.pending_call: P.ToolCall | None = None
         self.finish_reason: str | None = None
         self.stale_tokens = 0  # response tokens made before the run it is in (partial rollout)
@@ -322,17 +323,17 @@ class Trajectory:
         """`<answer>` tags the model wrote itself, outside its tool calls."""
         return P.count_answer_tags(P.answer_region(self.model_text))
 
-    def record(self) -> dict[str, Any]:
-        """The trajectory record; "reward" is added by whoever grades it (`rstar2cli.rollout.jobs`).
+    def record(self) -> TrajectoryRecord:
+        """The trajectory record (`rstar2cli.records`); "reward" is added by whoever grades it
+        (`rstar2cli.rollout.jobs`). Only a finished trajectory has one.
 
         `text` is the whole response (tool outputs included), for reading; `model_text` is only
         what the model wrote (loss mask 1), the only text an answer is ever taken from.
         """
+        if self.finish_reason is None:
+            raise RuntimeError("a trajectory has a record only once it is done")
         text = self.tokenizer.decode(self.layout.response_ids, skip_special_tokens=False)
-        partial = {}
-        if "group" in self.item:  # partial rollout: its prompt instance, its tokens made earlier
-            partial = {"group": self.item["group"], "stale_tokens": self.stale_tokens}
-        return {
+        record: TrajectoryRecord = {
             "id": self.item["id"],
             "sample": self.item.get("sample", 0),
             "question": self.item["question"],
@@ -349,8 +350,11 @@ class Trajectory:
             "extracted": P.extract_answer(P.answer_region(self.model_text)),
             "rollout_logprobs": self.rollout_logprobs,
             "turn_versions": self.turn_versions,
-            **partial,
         }
+        if "group" in self.item:  # partial rollout: its prompt instance, its tokens made earlier
+            record["group"] = self.item["group"]
+            record["stale_tokens"] = self.stale_tokens
+        return record
 
 
 def prompt_ids_for(question: str, tokenizer: Any, template: str = "paper") -> list[int]:
@@ -418,24 +422,29 @@ class ToolBatcher:
 def make_tool_runner(
     urls: list[str] | None,
     timeout_s: float = TOOL_TIMEOUT_S,
-    num_workers: int = 2,
+    num_workers: int | None = None,
     memory_mb: int = 1024,
     token_file: str | Path | None = None,
 ) -> ToolRunner:
     """A client for sandbox daemons at `urls` (their token in `token_file`, else
-    $RSTAR2_SANDBOX_TOKEN), or an in-process sandbox pool when there are none."""
+    $RSTAR2_SANDBOX_TOKEN), or an in-process sandbox pool when there are none (`num_workers`
+    slots; None: sandboxd's default)."""
     if urls:
         from sandboxd.client import SandboxClient
 
         return SandboxClient(list(urls), timeout_s=max(60.0, 4 * timeout_s), token_file=token_file)
-    from sandboxd.pool import LocalSandbox
+    from sandboxd.pool import DEFAULT_WORKERS, LocalSandbox
 
-    return LocalSandbox(num_workers=num_workers, timeout_s=timeout_s, memory_mb=memory_mb)
+    return LocalSandbox(
+        num_workers=DEFAULT_WORKERS if num_workers is None else num_workers,
+        timeout_s=timeout_s,
+        memory_mb=memory_mb,
+    )
 
 
 async def run_trajectory(
     traj: Trajectory, engine: Any, tools: ToolBatcher, request_id: str
-) -> dict[str, Any]:
+) -> TrajectoryRecord:
     """Drive one trajectory to the end on one engine (no scheduler); returns its record."""
     step = 0
     nxt = Next.GENERATE

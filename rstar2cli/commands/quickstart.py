@@ -9,6 +9,7 @@ from pathlib import Path
 import typer
 
 from rstar2cli.errors import UserError
+from sandboxd.pool import DEFAULT_WORKERS
 
 REPO_RECIPES = Path(__file__).resolve().parents[2] / "recipes" / "tiny"
 # for --model: sized for a ~100M-parameter pretrained model on a CPU (tuned on SmolLM2-135M)
@@ -16,6 +17,7 @@ PRETRAINED_RECIPES = REPO_RECIPES.parent / "pretrained"
 
 
 def quickstart(
+    ctx: typer.Context,
     out: Path = typer.Option(
         Path("quickstart_out"),
         "--out",
@@ -28,7 +30,7 @@ def quickstart(
         "quickstart wrote (or an empty one).",
     ),
     sandbox_workers: int = typer.Option(
-        2, "--sandbox-workers", min=1, help="Sandbox worker slots."
+        DEFAULT_WORKERS, "--sandbox-workers", min=1, help="Sandbox worker slots."
     ),
     model: Path | None = typer.Option(
         None,
@@ -49,6 +51,7 @@ def quickstart(
 
     from rstar2cli import pipeline
     from rstar2cli.fileio import check_output_path, read_jsonl_if_exists, write_json_atomic
+    from rstar2cli.records import read_graded
 
     console = Console()
     recipes = REPO_RECIPES if model is None else PRETRAINED_RECIPES
@@ -76,7 +79,7 @@ def quickstart(
         f"[bold]rstar2 quickstart[/] -> {out}  (the same commands: {out / 'pipeline.sh'})"
     )
 
-    from sandboxd.server import spawn_daemon
+    from sandboxd.spawn import spawn_daemon
 
     with spawn_daemon(workers=sandbox_workers, timeout_s=5.0, memory_mb=512) as daemon:
         console.print(f"sandbox daemon: {daemon.startup_line.strip()}")
@@ -87,7 +90,7 @@ def quickstart(
             argv = step.bound(daemon.url)
             console.rule(f"[bold]{step.name}[/]")
             console.print("[dim]rstar2 " + " ".join(argv) + "[/]")
-            _run_command(argv)
+            _run_command(ctx, argv)
             if step.name.startswith("eval-"):
                 step.done_marker.touch()
 
@@ -97,7 +100,7 @@ def quickstart(
         default=0,
     )
     summary = pipeline.summarize(
-        read_jsonl_if_exists(out / "eval" / "results.jsonl"), rl_steps, time.monotonic() - started
+        read_graded(out / "eval" / "results.jsonl"), rl_steps, time.monotonic() - started
     )
     write_json_atomic(out / "summary.json", summary)
     _print_table(console, summary)
@@ -120,13 +123,10 @@ def _is_quickstart_output(out: Path) -> bool:
     return pipeline.SCRIPT_MARK in head
 
 
-def _run_command(argv: list[str]) -> None:
-    """Run one `rstar2` command in this process, through the same parser a shell user hits."""
-    import typer.main
-
-    from rstar2cli.cli import app
-
-    command = typer.main.get_command(app)
+def _run_command(ctx: typer.Context, argv: list[str]) -> None:
+    """Run one `rstar2` command in this process, through the same parser a shell user hits (the
+    root of this invocation's command tree)."""
+    command = ctx.find_root().command
     try:
         command.main(args=argv, prog_name="rstar2", standalone_mode=False)
     except SystemExit as exc:  # a command that exits on purpose with a non-zero code

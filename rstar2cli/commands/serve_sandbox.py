@@ -14,6 +14,8 @@ from pathlib import Path
 
 import typer
 
+from sandboxd.pool import DEFAULT_WORKERS
+
 
 def serve_sandbox(
     host: str = typer.Option(
@@ -23,7 +25,11 @@ def serve_sandbox(
         8080, "--port", min=0, max=65535, help="Port to listen on (0 picks a free one)."
     ),
     workers: int = typer.Option(
-        2, "--workers", min=1, max=256, help="Worker slots (warm zygotes), about one per core."
+        DEFAULT_WORKERS,
+        "--workers",
+        min=1,
+        max=256,
+        help="Worker slots (warm zygotes), about one per core.",
     ),
     timeout_s: float = typer.Option(
         10.0, "--timeout-s", min=0.01, help="Default and maximum wall time per job."

@@ -27,9 +27,12 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from rstar2cli.records import GradedRecord, TrajectoryRecord
 
 CARRY_FILE = "carried.json"
 
@@ -39,7 +42,7 @@ class Carry:
     """What one step hands the next: the fresh-prompt cursor and the unwhole instances."""
 
     cursor: int = 0  # fresh prompts drawn so far: positions in the per-epoch permutation stream
-    rows: list[dict[str, Any]] = field(default_factory=list)  # their finished samples, graded
+    rows: list[GradedRecord] = field(default_factory=list)  # their finished samples, graded
     trajectories: list[Any] = field(default_factory=list)  # their unfinished ones (Trajectory)
 
     @property
@@ -84,7 +87,7 @@ class StepInstances:
         self.finished: Counter[str] = Counter(str(r["group"]) for r in carry.rows)
         self.num_whole = sum(1 for n in self.finished.values() if n >= num_samples)
 
-    def on_record(self, record: dict[str, Any]) -> None:
+    def on_record(self, record: TrajectoryRecord) -> None:
         group = str(record["group"])
         self.finished[group] += 1
         if self.finished[group] == self.num_samples:
@@ -119,10 +122,10 @@ def fresh_items(
 def end_step(
     carry: Carry,
     num_fresh: int,
-    rows: list[dict[str, Any]],
+    rows: list[GradedRecord],
     instances: StepInstances,
     unfinished: list[Any],
-) -> tuple[list[dict[str, Any]], Carry]:
+) -> tuple[list[GradedRecord], Carry]:
     """After a step's rollout (`rows`: its finished records, graded; `unfinished`: the driver's
     cut trajectories): (the rows of every whole instance, in instance then sample order, what
     the step trains on; the `Carry` for the next step, its trajectories' tokens so far stale)."""
@@ -135,12 +138,13 @@ def end_step(
     return whole, Carry(carry.cursor + num_fresh, rest, cut)
 
 
-def _instance_order(row: dict[str, Any]) -> tuple[int, int, int]:
+def _instance_order(row: Mapping[str, Any]) -> tuple[int, int, int]:
+    """Where a record or an item stands: (step, instance index, sample)."""
     step, index = str(row["group"]).split(".")
     return int(step), int(index), int(row["sample"])
 
 
-def stale_token_share(rows: list[dict[str, Any]]) -> float:
+def stale_token_share(rows: list[GradedRecord]) -> float:
     """Response tokens made in earlier steps, as a share of all response tokens in `rows`."""
     total = sum(len(r["response_ids"]) for r in rows)
     return sum(int(r.get("stale_tokens", 0)) for r in rows) / total if total else 0.0

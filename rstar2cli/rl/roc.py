@@ -21,11 +21,13 @@ gather its tensors. Tested in tests/unit/test_roc.py (hand-made groups, seeded s
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy as np
+
+from rstar2cli.records import GradedRecord
 
 RocMode = Literal["paper", "release"]
 ROC_MODES: tuple[str, ...] = ("paper", "release")
@@ -64,8 +66,8 @@ class RolloutSummary:
         return self.reward > 0.0
 
     @classmethod
-    def from_record(cls, record: Mapping[str, Any]) -> RolloutSummary:
-        """Build from a trajectory record (see the trajectory record contract); needs "reward"."""
+    def from_record(cls, record: GradedRecord) -> RolloutSummary:
+        """Build from a graded trajectory record (`rstar2cli.records`); needs "reward"."""
         if record.get("reward") is None:
             raise ValueError(f"trajectory {record.get('id')!r} has no reward: grade it first")
         return cls(

@@ -16,6 +16,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from rstar2cli.records import GradedRecord
+from rstar2cli.rl.batch import TrainSample
 from rstar2cli.rl.roc import (
     RolloutSummary,
     drop_equal_reward_groups,
@@ -24,7 +26,7 @@ from rstar2cli.rl.roc import (
     tool_error_share,
 )
 from rstar2cli.rl.stage_recipe import RlRecipe
-from rstar2cli.rl.trainer import TrainSample, UpdateSums
+from rstar2cli.rl.trainer import UpdateSums
 
 
 @dataclass
@@ -37,7 +39,7 @@ class Selection:
     num_dropped_groups: int = 0
 
 
-def select(records: list[dict[str, Any]], recipe: RlRecipe, step: int) -> Selection:
+def select(records: list[GradedRecord], recipe: RlRecipe, step: int) -> Selection:
     """Group by problem (by prompt instance under partial rollout), drop equal-reward groups, RoC
     to G, advantages. Pure given (seed, step)."""
     import numpy as np
@@ -45,7 +47,7 @@ def select(records: list[dict[str, Any]], recipe: RlRecipe, step: int) -> Select
 
     from rstar2cli.rl.advantages import group_advantages
 
-    groups: dict[str, list[dict[str, Any]]] = {}
+    groups: dict[str, list[GradedRecord]] = {}
     for r in records:  # partial rollout names each prompt instance ("group")
         groups.setdefault(str(r.get("group", r["id"])), []).append(r)
     group_list = list(groups.values())
@@ -85,7 +87,7 @@ def select(records: list[dict[str, Any]], recipe: RlRecipe, step: int) -> Select
     return out
 
 
-def rollout_metrics(records: list[dict[str, Any]], sel: Selection) -> dict[str, Any]:
+def rollout_metrics(records: list[GradedRecord], sel: Selection) -> dict[str, Any]:
     """Per-step numbers from the graded rollouts (all 2G) and what RoC kept."""
     summaries = [RolloutSummary.from_record(r) for r in records]
     by_problem: dict[str, float] = {}

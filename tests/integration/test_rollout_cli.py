@@ -2,7 +2,7 @@
 
 - one-line errors before any work (fast, no engine);
 - sibling-predicted admission and tail engines from the command line, on two transformers engines;
-- the command end to end with 2 engines + `sandboxd.server.spawn_daemon`, then resumed with a
+- the command end to end with 2 engines + `sandboxd.spawn.spawn_daemon`, then resumed with a
   larger --n (only the missing (id, sample) pairs are added); speculative decoding refused at
   temperature 1 on these CPU engines and run greedy;
 - its vLLM engine core killed mid-run: a one-line error, only finished trajectories kept, and
@@ -28,7 +28,7 @@ from rstar2cli import protocol as P
 
 
 def test_rollout_two_vllm_engines_real_daemon_then_resume(tmp_path, tiny_model_dir):
-    from sandboxd.server import spawn_daemon
+    from sandboxd.spawn import spawn_daemon
 
     data = tmp_path / "p.jsonl"
     problems = write_problems(data)
@@ -190,7 +190,7 @@ def test_forced_tool_call_runs_in_daemon_and_vllm_continues(tiny_model_dir):
     from rstar2cli.engines.base import GenOutput
     from rstar2cli.engines.build import make_engines
     from sandboxd.client import SandboxClient
-    from sandboxd.server import spawn_daemon
+    from sandboxd.spawn import spawn_daemon
 
     tok = AutoTokenizer.from_pretrained(str(tiny_model_dir))
     question = "Compute 37*41+5."

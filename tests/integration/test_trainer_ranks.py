@@ -27,7 +27,7 @@ NUM_STEPS = 2
 
 
 def _samples(vocab: int, step: int) -> list:
-    from rstar2cli.rl.trainer import TrainSample
+    from rstar2cli.rl.batch import TrainSample
 
     rng = random.Random(step)
     out = []

@@ -32,7 +32,7 @@ from sandboxd.auth import (
     token_matches,
 )
 from sandboxd.client import SandboxClient
-from sandboxd.server import spawn_daemon
+from sandboxd.spawn import spawn_daemon
 from sandboxd.wire import Job
 
 TOKEN = "tok-9f3c2a7e5d1b48c6a0e2f4d6b8c1a3e5"

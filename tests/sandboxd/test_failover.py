@@ -8,7 +8,7 @@ import asyncio
 import pytest
 
 from sandboxd.client import SandboxClient, SandboxUnreachable
-from sandboxd.server import spawn_daemon
+from sandboxd.spawn import spawn_daemon
 from sandboxd.wire import Job
 
 

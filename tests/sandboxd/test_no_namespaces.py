@@ -61,7 +61,7 @@ assert ret == 0, "could not install the test's seccomp filter"
 
 @pytest.fixture(scope="module")
 def nons(tmp_path_factory):
-    from sandboxd.server import spawn_daemon
+    from sandboxd.spawn import spawn_daemon
 
     site = tmp_path_factory.mktemp("refuse-namespaces")
     (site / "sitecustomize.py").write_text(SITECUSTOMIZE)

@@ -12,7 +12,7 @@ import pytest
 from sbhelpers import post_json, run_jobs
 
 from sandboxd.runner import PRECOMPILE_MAX_CHARS
-from sandboxd.server import spawn_daemon
+from sandboxd.spawn import spawn_daemon
 
 
 def test_results_keep_order_and_carry_all_fields(daemon):

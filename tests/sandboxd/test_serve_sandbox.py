@@ -114,7 +114,7 @@ def test_daemon_exits_when_the_process_that_spawned_it_is_killed():
     import time
 
     code = (
-        "import sys, time; from sandboxd.server import spawn_daemon; "
+        "import sys, time; from sandboxd.spawn import spawn_daemon; "
         "h = spawn_daemon(workers=1); print(h.process.pid, flush=True); time.sleep(600)"
     )
     parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)

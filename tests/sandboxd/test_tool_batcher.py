@@ -16,7 +16,7 @@ def test_tool_batcher_answers_a_short_call_before_a_long_one_of_its_tick(runner)
     long one still runs (a batch answered as a whole would hold it ~3 s): with the in-process pool,
     and through the client and a real daemon on loopback (/v1/stream)."""
     from sandboxd.client import SandboxClient
-    from sandboxd.server import spawn_daemon
+    from sandboxd.spawn import spawn_daemon
     from sandboxd.wire import Job
 
     async def go(sandbox):

@@ -23,7 +23,7 @@ def test_drops_only_problems_solved_every_time_and_keeps_all_columns(tmp_path, s
     from rstar2cli.fileio import read_records
 
     out = tmp_path / f"hard{suffix}"
-    _write(ROWS, PROBLEMS, COUNTS, 8, out)
+    _write(rows=ROWS, problems=PROBLEMS, counts=COUNTS, samples=8, out=out)
     kept, _ = read_records(out)
     assert [r["id"] for r in kept] == ["b", "c"]
     assert kept[0] == {**ROWS[1], "num_correct": 3, "num_samples": 8}
@@ -39,7 +39,12 @@ def test_drops_only_problems_solved_every_time_and_keeps_all_columns(tmp_path, s
 
 def test_histogram_counts_each_pass_count(tmp_path):
     console = Console(record=True, width=100)
-    _print_histogram(console, {"a": 2, "b": 2, "c": 0, "d": 1}, 2, tmp_path / "hard.jsonl")
+    _print_histogram(
+        console=console,
+        counts={"a": 2, "b": 2, "c": 0, "d": 1},
+        samples=2,
+        out=tmp_path / "hard.jsonl",
+    )
     text = console.export_text()
     cells = [line.replace("│", " ").split() for line in text.splitlines()]
     rows = {c[0]: c[1] for c in cells if c and c[0].endswith("/2")}

@@ -8,15 +8,10 @@ import pytest
 import torch
 
 from rstar2cli.recipe import load_recipe
+from rstar2cli.rl.batch import TrainSample, collate
 from rstar2cli.rl.selection import rollout_metrics, select
 from rstar2cli.rl.stage_recipe import RlRecipe
-from rstar2cli.rl.trainer import (
-    TrainSample,
-    collate,
-    lr_factor,
-    plan_update,
-    token_budget_micro_batches,
-)
+from rstar2cli.rl.trainer import lr_factor, plan_update, token_budget_micro_batches
 
 REPO = Path(__file__).resolve().parents[2]
 

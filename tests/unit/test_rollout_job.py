@@ -126,7 +126,7 @@ def test_a_sandbox_that_refuses_the_token_stops_the_run_with_no_tool_error(
     # a real daemon that wants a token, a client sending none: no call can run, so the run stops
     # with one line instead of writing trajectories whose tool calls ended in sandbox_error
     from sandboxd.client import SandboxClient
-    from sandboxd.server import spawn_daemon
+    from sandboxd.spawn import spawn_daemon
 
     monkeypatch.delenv("RSTAR2_SANDBOX_TOKEN", raising=False)
     token_file = tmp_path / "sandbox.token"

@@ -7,8 +7,9 @@ import pytest
 import torch
 
 from rstar2cli.lm_scoring import ScoringLM
+from rstar2cli.rl.batch import TrainSample, collate
 from rstar2cli.rl.shared_prompt import collate_shared, pack_rows
-from rstar2cli.rl.trainer import TrainSample, collate, plan_update
+from rstar2cli.rl.trainer import plan_update
 
 
 def _sample(prompt, response, mask, adv=1.0, stale=0):
