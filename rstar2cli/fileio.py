@@ -12,7 +12,7 @@ import contextlib
 import json
 import os
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -113,7 +113,7 @@ class JsonlAppender:
         self.path = Path(path)
         self._f: Any = None
 
-    def write_batch(self, rows: list[dict[str, Any]]) -> None:
+    def write_batch(self, rows: Sequence[Mapping[str, Any]]) -> None:
         if not rows:
             return
         if self._f is None:

@@ -271,11 +271,11 @@ class Trajectory:
             {"status": status, "duration_s": duration_s, "code": call.code or call.raw}
         )
         text = P.format_tool_output(
-            status,
-            stdout,
-            stderr,
-            self.config.max_tool_output_chars,
-            self.config.tool_truncate_side,
+            status=status,
+            stdout=stdout,
+            stderr=stderr,
+            max_chars=self.config.max_tool_output_chars,
+            side=self.config.tool_truncate_side,
         )
         chunk = P.render_tool_response(text, self.config.template)
         ids = self.tokenizer.encode(chunk, add_special_tokens=False)
@@ -411,9 +411,15 @@ class ToolBatcher:
                     fut.set_exception(UserError(str(exc)))
             return
         except Exception as exc:  # the runner's own failure: every call in it is an infra error
-            results = [JobResult("sandbox_error", "", f"sandbox failure: {exc}", None, 0.0)] * len(
-                batch
-            )
+            results = [
+                JobResult(
+                    status="sandbox_error",
+                    stdout="",
+                    stderr=f"sandbox failure: {exc}",
+                    exit_code=None,
+                    duration_s=0.0,
+                )
+            ] * len(batch)
         for (_, fut), result in zip(batch, results, strict=False):
             if not fut.done():
                 fut.set_result(result)

@@ -12,7 +12,7 @@ stand, under the new weights: their earlier tokens came from an older policy, so
 beside the step time it buys. Fast groups finish first, so a step also leans towards easier
 prompts than the data. The PPO ratio's old log-probs are recomputed by the trainer before the
 update, as for every sample, so the stale tokens are not importance-weighted to the policy that
-made them. benchmarks/partial_rollout.py measures what it buys in simulation.
+made them. benchmarks/sim/partial_rollout.py measures what it buys in simulation.
 
 A carried instance is its finished samples' graded rows plus its unfinished trajectories
 (`Trajectory.state`). `Carry` holds them and the fresh-prompt cursor; rl-stage writes it next to

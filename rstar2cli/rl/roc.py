@@ -245,7 +245,11 @@ def roc_downsample(
     positives = [i for i, s in enumerate(group) if s.is_positive]
     negatives = [i for i, s in enumerate(group) if not s.is_positive]
     num_keep_pos, num_keep_neg = class_quota(
-        len(positives), len(negatives), group_size, min_positive, min_negative
+        num_positive=len(positives),
+        num_negative=len(negatives),
+        group_size=group_size,
+        min_positive=min_positive,
+        min_negative=min_negative,
     )
     kept_neg = gen.choice(len(negatives), size=num_keep_neg, replace=False).tolist()
     penalties = [total_penalty(group[i]) for i in positives]

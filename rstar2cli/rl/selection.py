@@ -63,7 +63,12 @@ def select(records: list[GradedRecord], recipe: RlRecipe, step: int) -> Selectio
         if recipe.roc.enabled:
             c = recipe.roc
             idx = roc_downsample(
-                summaries, c.group_size, c.mode, c.min_positive, c.min_negative, rng
+                group=summaries,
+                group_size=c.group_size,
+                mode=c.mode,
+                min_positive=c.min_positive,
+                min_negative=c.min_negative,
+                rng=rng,
             )
         for i in idx:
             chosen.append(g[i])

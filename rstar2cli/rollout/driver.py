@@ -40,6 +40,7 @@ from rstar2cli.agent.loop import (
     prompt_ids_for,
 )
 from rstar2cli.errors import UserError
+from rstar2cli.records import TrajectoryRecord
 from rstar2cli.scheduler.scheduler import Scheduler, SchedulerConfig, Status
 
 
@@ -150,7 +151,7 @@ async def run_rollout(
     agent_config: AgentConfig,
     sched_config: SchedulerConfig,
     tools: ToolBatcher,
-    on_record: Callable[[dict[str, Any]], None],
+    on_record: Callable[[TrajectoryRecord], None],
     on_tick: Callable[[Snapshot], None] | None = None,
     sample_every_s: float = 0.5,
     make_trajectory: Callable[[dict[str, Any], list[int]], Any] | None = None,
@@ -169,7 +170,14 @@ async def run_rollout(
     engine is still generating for this run when it returns (the weights may change next); with
     `kv_mode` incremental each request is at most `step_tokens` long.
     """
-    run = _Run(engines, tokenizer, agent_config, sched_config, tools, on_record)
+    run = _Run(
+        engines=engines,
+        tokenizer=tokenizer,
+        agent_config=agent_config,
+        sched_config=sched_config,
+        tools=tools,
+        on_record=on_record,
+    )
     if make_trajectory is not None:
         run.make_trajectory = make_trajectory
     for key, item in enumerate(items):
@@ -225,7 +233,7 @@ class _Run:
         agent_config: AgentConfig,
         sched_config: SchedulerConfig,
         tools: ToolBatcher,
-        on_record: Callable[[dict[str, Any]], None],
+        on_record: Callable[[TrajectoryRecord], None],
     ) -> None:
         self.engines = engines
         self.tokenizer = tokenizer
