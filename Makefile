@@ -28,14 +28,15 @@ test-unit: install
 lint: install
 	$(BIN)/ruff check rstar2cli sandboxd tests benchmarks
 	$(BIN)/ruff format --check rstar2cli sandboxd tests benchmarks
-	$(BIN)/mypy --follow-imports=silent rstar2cli sandboxd
+	$(BIN)/mypy --follow-imports=silent rstar2cli sandboxd benchmarks
 
+# each benchmark is a module of the `benchmarks` package, run from the repository root
 bench: install
-	$(BIN)/python benchmarks/sandbox.py
-	$(BIN)/python benchmarks/grading.py
-	$(BIN)/python benchmarks/scheduler_bench.py
-	$(BIN)/python benchmarks/weight_sync_speed.py
-	$(BIN)/python benchmarks/train_memory.py
+	$(BIN)/python -m benchmarks.sandbox
+	$(BIN)/python -m benchmarks.grading
+	$(BIN)/python -m benchmarks.scheduler_bench
+	$(BIN)/python -m benchmarks.weight_sync_speed
+	$(BIN)/python -m benchmarks.train_memory
 
 quickstart: install
 	$(BIN)/rstar2 quickstart --out quickstart_out

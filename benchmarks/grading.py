@@ -11,7 +11,7 @@ Baseline: math-verify as its README shows it, in the main thread, one pair after
 on the whole list, workers already started (start-up is printed separately).
 
 Prints throughput (checks/s) with the ratio, and agreement with math-verify per kind of pair.
-Run: `.venv/bin/python benchmarks/grading.py [--num-pairs 5000] [--seed 0]`.
+Run: `.venv/bin/python -m benchmarks.grading [--num-pairs 5000] [--seed 0]`.
 """
 
 from __future__ import annotations
@@ -180,7 +180,7 @@ def print_report(pairs, mv, mv_s, ours, ours_s, startup_s, num_replaced) -> None
             f"{only_mv:>9}{only_ours:>11}"
         )
     agree_all = sum(mv[i] == ours[i].correct for i in range(n))
-    statuses = {}
+    statuses: dict[str, int] = {}
     for r in ours:
         statuses[r.status] = statuses.get(r.status, 0) + 1
     print(f"{'all':<12}{n:>7}{sum(mv):>12}{sum(r.correct for r in ours):>14}{agree_all / n:>9.1%}")
@@ -217,7 +217,15 @@ def main() -> None:
     pairs = build_pairs(args.num_pairs, args.seed)
     ours, ours_s, startup_s, num_replaced = run_ours(pairs, args.num_workers, args.timeout_s)
     mv, mv_s = run_math_verify(pairs)
-    print_report(pairs, mv, mv_s, ours, ours_s, startup_s, num_replaced)
+    print_report(
+        pairs=pairs,
+        mv=mv,
+        mv_s=mv_s,
+        ours=ours,
+        ours_s=ours_s,
+        startup_s=startup_s,
+        num_replaced=num_replaced,
+    )
 
 
 if __name__ == "__main__":

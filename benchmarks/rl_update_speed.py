@@ -19,7 +19,7 @@ Measured on 2 cores with 2 threads (`--threads 2 --repeats 2`, lowest of each): 
 wall / 236.3 CPU s, after 44.3 s / 86.7 s for 2,936 trained tokens: 2.90x wall, 2.73x CPU.
 
 Run (from the repository root, after `make smollm2`; ~12 minutes on 2 cores):
-    python benchmarks/rl_update_speed.py --model models/smollm2-135m-instruct --json runs/upd.json
+    python -m benchmarks.rl_update_speed --model models/smollm2-135m-instruct --json runs/upd.json
 """
 
 from __future__ import annotations

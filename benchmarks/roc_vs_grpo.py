@@ -8,10 +8,10 @@ the reward and the held-out accuracy of both runs into OUT/roc_vs_grpo.png, and 
 
 Run (from the repository root, after `rstar2 sft-coldstart --recipe recipes/tiny/sft.yaml --out
 runs/tiny-sft`):
-    python benchmarks/roc_vs_grpo.py --model runs/tiny-sft/final --out runs/roc_vs_grpo
+    python -m benchmarks.roc_vs_grpo --model runs/tiny-sft/final --out runs/roc_vs_grpo
 On a real model (after `make smollm2` and `rstar2 sft-coldstart --recipe
 recipes/pretrained/sft.yaml --out runs/smollm2-sft`):
-    python benchmarks/roc_vs_grpo.py --model runs/smollm2-sft/final --recipe recipes/pretrained/rl.yaml \
+    python -m benchmarks.roc_vs_grpo --model runs/smollm2-sft/final --recipe recipes/pretrained/rl.yaml \
       --steps 10 --set eval.every_steps=2 --set eval.num_problems=32 --out runs/roc_vs_grpo_smollm2 \
       --json runs/roc_vs_grpo_smollm2/roc_vs_grpo.json
 Each run resumes if interrupted (rerun the same command). Extra `--set` values go to both runs.
@@ -59,9 +59,9 @@ def run_stage(
     ]
 
 
-def mean(values: list[float]) -> float | None:
-    values = [v for v in values if v is not None]
-    return sum(values) / len(values) if values else None
+def mean(values: list[float | None]) -> float | None:
+    known = [v for v in values if v is not None]
+    return sum(known) / len(known) if known else None
 
 
 def summarise(rows: list[dict]) -> dict[str, float | None]:
@@ -114,6 +114,60 @@ def fmt(value: float | None, pct: bool = False) -> str:
     return f"{value:.1%}" if pct else f"{value:.3f}"
 
 
+def write_json(path: Path, results: dict[str, list[dict]], summary: dict[str, dict]) -> None:
+    """Both runs' summaries and, per step, the numbers the plot shows."""
+    per_step = {
+        name: [
+            {k: r.get(k) for k in ("step", "tool_error_share_correct", "reward", "eval_accuracy")}
+            for r in rows
+        ]
+        for name, rows in results.items()
+    }
+    path.write_text(json.dumps({"summary": summary, "steps": per_step}, indent=2) + "\n")
+
+
+def print_summary(summary: dict[str, dict[str, float | None]]) -> None:
+    """One row per run, then the tool-error shares of correct trajectories side by side."""
+    cols = [
+        "err in correct (1st half)",
+        "(2nd half)",
+        "(all steps)",
+        "reward first3",
+        "reward last3",
+        "held-out acc start",
+        "end",
+        "resp len last3",
+    ]
+    keys = [
+        "err_first_half",
+        "err_second_half",
+        "err_all",
+        "reward_first",
+        "reward_last",
+        "eval_start",
+        "eval_end",
+        "len_last",
+    ]
+    pct = {"err_first_half", "err_second_half", "err_all"}
+    print(
+        f"\n{'run':<10}" + "".join(f"{c:>27}" if i == 0 else f"{c:>20}" for i, c in enumerate(cols))
+    )
+    for name, s in summary.items():
+        print(
+            f"{name:<10}"
+            + "".join(
+                f"{fmt(s[k], k in pct):>27}" if i == 0 else f"{fmt(s[k], k in pct):>20}"
+                for i, k in enumerate(keys)
+            )
+        )
+    roc, grpo = summary["GRPO-RoC"]["err_all"], summary["GRPO"]["err_all"]
+    if roc is not None and grpo is not None:
+        print(
+            f"\ntool-error share inside correct trajectories, mean over steps: GRPO {grpo:.1%} vs "
+            f"GRPO-RoC {roc:.1%} (ratio {grpo / roc if roc else float('inf'):.2f})"
+        )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument(
@@ -153,55 +207,8 @@ def main() -> None:
     plot(results, png)
     summary = {name: summarise(rows) for name, rows in results.items()}
     if args.json:
-        per_step = {
-            name: [
-                {
-                    k: r.get(k)
-                    for k in ("step", "tool_error_share_correct", "reward", "eval_accuracy")
-                }
-                for r in rows
-            ]
-            for name, rows in results.items()
-        }
-        args.json.write_text(json.dumps({"summary": summary, "steps": per_step}, indent=2) + "\n")
-    cols = [
-        "err in correct (1st half)",
-        "(2nd half)",
-        "(all steps)",
-        "reward first3",
-        "reward last3",
-        "held-out acc start",
-        "end",
-        "resp len last3",
-    ]
-    keys = [
-        "err_first_half",
-        "err_second_half",
-        "err_all",
-        "reward_first",
-        "reward_last",
-        "eval_start",
-        "eval_end",
-        "len_last",
-    ]
-    pct = {"err_first_half", "err_second_half", "err_all"}
-    print(
-        f"\n{'run':<10}" + "".join(f"{c:>27}" if i == 0 else f"{c:>20}" for i, c in enumerate(cols))
-    )
-    for name, s in summary.items():
-        print(
-            f"{name:<10}"
-            + "".join(
-                f"{fmt(s[k], k in pct):>27}" if i == 0 else f"{fmt(s[k], k in pct):>20}"
-                for i, k in enumerate(keys)
-            )
-        )
-    roc, grpo = summary["GRPO-RoC"]["err_all"], summary["GRPO"]["err_all"]
-    if roc is not None and grpo is not None:
-        print(
-            f"\ntool-error share inside correct trajectories, mean over steps: GRPO {grpo:.1%} vs "
-            f"GRPO-RoC {roc:.1%} (ratio {grpo / roc if roc else float('inf'):.2f})"
-        )
+        write_json(args.json, results=results, summary=summary)
+    print_summary(summary)
     print(f"plot: {png}")
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
 

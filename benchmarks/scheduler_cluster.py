@@ -1,7 +1,7 @@
-"""Part (b) of benchmarks/scheduler_bench.py: the simulated cluster, its tables, targets and JSON.
+"""Part (b) of benchmarks/scheduler_bench.py: the simulated cluster.
 
-Per workload seed, every selected policy (`scheduler.POLICIES`) runs through `scheduler_sim`;
-each row is set against:
+Per workload seed, every selected policy (`sim.policies.POLICIES`) runs through the simulator
+(`sim.model.simulate`, the real `Scheduler` inside); each row is set against (`sim.bounds`):
 - the work bound (`lower_bound_s`): total work / total capacity, every token at the cheapest
   per-token cost the KV and `max_num_seqs` allow, no engine ever idle;
 - the critical path (`lower_bound_s`): the slowest trajectory alone on an engine, from its first
@@ -19,96 +19,219 @@ each row is set against:
 - the start-limited bound of its own run (`SimResult.start_bound_s`): had every trajectory run
   alone from the moment this policy started it. The time above it was lost to sharing engines;
   the time between it and the bounds, to starting late.
-Then the issue's targets (`TARGETS`) for the default policy (`SchedulerConfig()`'s) and the
-other incremental rows, each printed as met or NOT met; partial rollout (`partial_rollout`),
-which trains on tokens up to a step old and is therefore reported apart; and, with `--json FILE`,
-all of it as one JSON object (`write_json`).
+Then the issue's targets for the default policy (`SchedulerConfig()`'s) and the other
+incremental rows; partial rollout (`sim.partial_rollout`), which trains on tokens up to a step
+old and is therefore reported apart; and, with `--json FILE`, all of it as one JSON object. The
+tables, targets and JSON are benchmarks/scheduler_report.py's. Tested at 1/32 scale in
+tests/unit/test_scheduler_sim.py.
 """
 
 from __future__ import annotations
 
-import json
+import argparse
 import time
+from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
+from typing import Any, NoReturn
 
-TARGETS = {
-    "max_bound_ratio": 1.15,  # makespan / max(work bound, critical path), at most
-    "min_least_requests_ratio": 1.25,  # least-requests' makespan / ours, at least
-    "max_migration_overhead_share": 0.02,  # re-prefill for moves / all engine work, at most
-    "min_length_spearman": 0.6,  # predicted vs true lengths, at least
-}
-# the rows the targets are checked on (the default is one of them)
-CANDIDATES = ("kv-incremental", "kv-predicted", "kv-tail")
+from benchmarks.scheduler_report import (
+    check_targets,
+    print_across_seeds,
+    print_header,
+    print_reach,
+    print_rows,
+    print_table,
+    print_targets,
+    write_json,
+)
+from benchmarks.sim.bounds import Bounds, workload_bounds
+from benchmarks.sim.model import simulate
+from benchmarks.sim.partial_rollout import simulate_partial
+from benchmarks.sim.policies import default_label, sched_config, selected
+from benchmarks.sim.result import SimResult
+from benchmarks.sim.workload import (
+    GPUS,
+    ORDERS,
+    Cost,
+    SimTraj,
+    gpu_cost,
+    gpu_kv_tokens,
+    make_workload,
+    order_groups,
+)
+
 # the rows `--sim-oracle` repeats with every true length known (hindsight, never a target row)
 ORACLE_ROWS = ("kv-predicted", "kv-tail")
-# and kv-incremental with its trajectories started by hindsight (`hindsight_peak`), told each
-# trajectory's true length or only its prompt's mean
+# and kv-incremental with its trajectories started by hindsight (`sim.hindsight.PeakAdmission`),
+# told each trajectory's true length or only its prompt's mean
 PEAK_ROWS = {"trajectory": "kv-peak (oracle)", "prompt": "kv-peak (prompt oracle)"}
 
 
-def run_sims(args, cost) -> None:
-    """Part (b): every seed, the summary across seeds, the targets, partial rollout, JSON."""
-    from scheduler_bench import default_label
+def add_args(ap: argparse.ArgumentParser) -> None:
+    """Part (b)'s flags."""
+    ap.add_argument(
+        "--cost", default=None, help="a,b,c,p for (b) instead of the GPU's spec-sheet model"
+    )
+    ap.add_argument(
+        "--sim-gpu", choices=["mi300x", "h100"], default="mi300x", help="modeled GPU (b)"
+    )
+    ap.add_argument("--sim-engines", type=int, default=64)
+    ap.add_argument("--sim-prompts", type=int, default=512)
+    ap.add_argument("--sim-samples", type=int, default=32)
+    ap.add_argument("--sim-max-response", type=int, default=8192)
+    ap.add_argument(
+        "--sim-kv-tokens", type=int, default=None, help="per engine (b); default: from the GPU"
+    )
+    ap.add_argument("--sim-max-seqs", type=int, default=256)
+    ap.add_argument(
+        "--sim-seeds",
+        default="0,1,2",
+        help="workload seeds for (b), comma list: one simulation of every policy per seed, then "
+        "a summary across them (the ratios between policies move by several %% between seeds)",
+    )
+    ap.add_argument(
+        "--sim-order",
+        choices=ORDERS,
+        default="data",
+        help="prompt groups' order for (b): data, or with hindsight the hardest first or the "
+        "easiest quarter last (what predicting lengths from a prompt's siblings could buy)",
+    )
+    ap.add_argument(
+        "--sim-oracle",
+        action="store_true",
+        help="(b): also run kv-predicted and kv-tail told every trajectory's true length, and "
+        "kv-incremental with its starts made by hindsight (`sim.hindsight`), told each "
+        "trajectory's true length or its prompt's mean (what length prediction would buy; not "
+        "checked as targets)",
+    )
+    ap.add_argument(
+        "--sim-step-tokens", type=int, default=1024, help="kv per_turn/incremental step (b)"
+    )
+    ap.add_argument(
+        "--sim-partial",
+        type=lambda v: None if v == "none" else float(v),
+        default=0.25,
+        help="(b): partial rollout's over-provision (0.25: a quarter more prompt groups than a "
+        "step needs), reported apart; 'none' skips it",
+    )
+    ap.add_argument(
+        "--sim-spec",
+        default=None,
+        metavar="ACCEPTANCE[,MAX_DRAFT[,MAX_BATCH]]",
+        help="(b): speculative decoding on every engine of every row, as `--speculative` runs "
+        "it: each draft token accepted with this probability once the ones before it were, up "
+        "to MAX_DRAFT (default 4) drafts a step at batches up to MAX_BATCH (default 32; "
+        "`rstar2 rollout --speculative`'s), as many as pay there "
+        "(sim.workload.Cost.draft); the bounds are computed with it too. `rstar2 rollout "
+        "--speculative` prints the acceptance it measured. Default: none",
+    )
+    ap.add_argument("--json", default=None, help="(b): also write every number to this JSON file")
 
+
+def run(args: argparse.Namespace, error: Callable[[str], NoReturn]) -> None:
+    """Part (b): the cost and KV from the flags, then `run_sims`; `error` reports a bad flag."""
+    gpu = GPUS[args.sim_gpu]
+    if args.cost:
+        a_s, b_s, c_s, p_s = map(float, args.cost.split(","))
+        cost, args.sim_cost_source = Cost(a_s=a_s, b_s=b_s, c_s=c_s, p_s=p_s), "--cost"
+    else:
+        cost, args.sim_cost_source = gpu_cost(gpu), f"{gpu.name} spec sheet, sim.workload"
+    if args.sim_spec:
+        acceptance, max_draft, max_batch = [*args.sim_spec.split(","), "", ""][:3]
+        try:
+            cost = replace(
+                cost,
+                acceptance=float(acceptance),
+                max_draft=int(max_draft or 4),
+                spec_max_batch=int(max_batch or cost.spec_max_batch),
+            )
+        except ValueError as e:
+            error(f"--sim-spec {args.sim_spec}: {e}")
+    args.sim_kv_source = "--sim-kv-tokens"
+    if args.sim_kv_tokens is None:
+        args.sim_kv_tokens = gpu_kv_tokens(gpu)
+        args.sim_kv_source = "0.8 of GPU memory - weights - 4 GB, 160 KiB/token"
+    args.step_tokens = args.sim_step_tokens
+    run_sims(args, cost)
+
+
+def run_sims(args: argparse.Namespace, cost: Cost) -> None:
+    """Every seed, the summary across seeds, the targets, partial rollout, JSON."""
     seeds = [int(x) for x in args.sim_seeds.split(",")]
-    records: list[dict] = []
+    records: list[dict[str, Any]] = []
     for seed in seeds:
         print(f"\n== (b) workload seed {seed}", flush=True)
-        records += run_sim(args, cost, seed)
+        records += run_sim(args, cost=cost, seed=seed)
     if len(seeds) > 1:
         print_across_seeds(records, seeds)
     default = default_label()
     checks = check_targets(records, default)
     print_targets(checks, default)
     print_reach(records, default)
-    partial = run_partial(args, cost, seeds, records, default) if args.sim_partial else None
+    partial = None
+    if args.sim_partial:
+        partial = run_partial(args, cost=cost, seeds=seeds, records=records, default=default)
     if args.json:
-        write_json(Path(args.json), args, cost, records, checks, partial, default)
+        write_json(
+            Path(args.json),
+            args=args,
+            cost=cost,
+            records=records,
+            checks=checks,
+            partial=partial,
+            default=default,
+        )
 
 
-def run_sim(args, cost, seed: int) -> list[dict]:
+def run_sim(args: argparse.Namespace, cost: Cost, seed: int) -> list[dict[str, Any]]:
     """Simulate every selected policy on one workload; print the tables; one record per row."""
-    from scheduler_bench import _sched_config, _selected
-    from scheduler_sim import (
-        batching_bound_s,
-        full_load_path_s,
-        lower_bound_s,
-        make_workload,
-        order_groups,
-        simulate,
-        step_floor_s,
+    work = make_workload(
+        num_prompts=args.sim_prompts,
+        num_samples=args.sim_samples,
+        max_response=args.sim_max_response,
+        seed=seed,
     )
+    work = order_groups(
+        work, num_samples=args.sim_samples, order=args.sim_order, max_response=args.sim_max_response
+    )
+    bounds = workload_bounds(
+        work,
+        num_engines=args.sim_engines,
+        capacity_tokens=args.sim_kv_tokens,
+        max_response=args.sim_max_response,
+        cost=cost,
+        max_num_seqs=args.sim_max_seqs,
+    )
+    results = _simulate_rows(args, cost=cost, work=work)
+    records = [
+        _record(seed=seed, name=name, r=r, bounds=bounds, results=results)
+        for name, r in results.items()
+    ]
+    print_header(args, cost=cost, seed=seed, bounds=bounds)
+    print_rows(records, results)
+    return records
 
-    work = make_workload(args.sim_prompts, args.sim_samples, args.sim_max_response, seed)
-    work = order_groups(work, args.sim_samples, args.sim_order, args.sim_max_response)
-    work_lb, path_lb = lower_bound_s(
-        work, args.sim_engines, args.sim_kv_tokens, args.sim_max_response, cost, args.sim_max_seqs
-    )
-    batching_lb = batching_bound_s(
-        work, args.sim_engines, args.sim_kv_tokens, args.sim_max_response, cost, args.sim_max_seqs
-    )
-    floor = step_floor_s(work, args.sim_engines, args.sim_max_response, cost)
-    full_load = full_load_path_s(
-        work, args.sim_kv_tokens, args.sim_max_response, cost, args.sim_max_seqs
-    )
-    runs = [(name, name, {}) for name in _selected(args)]
+
+def _simulate_rows(
+    args: argparse.Namespace, cost: Cost, work: list[SimTraj]
+) -> dict[str, SimResult]:
+    """Every selected row on `work` (with `--sim-oracle`, the hindsight rows too), by label."""
+    runs: list[tuple[str, str, dict[str, Any]]] = [(name, name, {}) for name in selected(args)]
     if args.sim_oracle:  # what-if rows: the same policies told every true length
-        runs += [
-            (f"{n} (oracle)", n, {"oracle": True}) for n in ORACLE_ROWS if n in _selected(args)
-        ]
+        runs += [(f"{n} (oracle)", n, {"oracle": True}) for n in ORACLE_ROWS if n in selected(args)]
         runs += [(row, "kv-incremental", {"peak_oracle": k}) for k, row in PEAK_ROWS.items()]
     results = {}
     for label, name, hindsight in runs:
-        config = _sched_config(args, name, args.sim_max_seqs)
         start = time.perf_counter()
         results[label] = simulate(
             work,
-            config,
-            args.sim_engines,
-            args.sim_kv_tokens,
-            args.sim_max_response,
-            cost,
-            args.sim_max_seqs,
+            sched_config(args, name=name, max_active=args.sim_max_seqs),
+            num_engines=args.sim_engines,
+            capacity_tokens=args.sim_kv_tokens,
+            max_response=args.sim_max_response,
+            cost=cost,
+            max_num_seqs=args.sim_max_seqs,
             **hindsight,
         )
         wall_s = time.perf_counter() - start
@@ -116,17 +239,13 @@ def run_sim(args, cost, seed: int) -> list[dict]:
             f"  simulated {label}: {results[label].makespan_s:.1f} s ({wall_s:.0f} s wall)",
             flush=True,
         )
-    records = [
-        _record(seed, name, r, (work_lb, path_lb, batching_lb, floor[0], full_load), results)
-        for name, r in results.items()
-    ]
-    _print_header(args, cost, seed, (work_lb, path_lb, batching_lb), floor, full_load)
-    _print_rows(records, results)
-    return records
+    return results
 
 
-def _record(seed, name, r, bounds, results) -> dict:
-    work_lb, path_lb, batching_lb, floor_s, full_load_s = bounds
+def _record(
+    seed: int, name: str, r: SimResult, bounds: Bounds, results: dict[str, SimResult]
+) -> dict[str, Any]:
+    """Row `name`'s numbers as they go to the tables and the JSON."""
 
     def ratio(base: str) -> float | None:
         return results[base].makespan_s / r.makespan_s if base in results else None
@@ -135,11 +254,11 @@ def _record(seed, name, r, bounds, results) -> dict:
         "seed": seed,
         "policy": name,
         "makespan_s": r.makespan_s,
-        "work_bound_s": work_lb,
-        "critical_path_s": path_lb,
-        "batching_bound_s": batching_lb,
-        "step_floor_s": floor_s,
-        "full_load_path_s": full_load_s,
+        "work_bound_s": bounds.work_s,
+        "critical_path_s": bounds.critical_path_s,
+        "batching_bound_s": bounds.batching_s,
+        "step_floor_s": bounds.step_floor_s,
+        "full_load_path_s": bounds.full_load_path_s,
         "start_bound_s": r.start_bound_s,
         "least_requests_ratio": ratio("least-requests"),
         "static_ratio": ratio("static"),
@@ -153,231 +272,28 @@ def _record(seed, name, r, bounds, results) -> dict:
     }
 
 
-def _print_header(args, cost, seed, bounds, floor, full_load_s) -> None:
-    from scheduler_sim import GPUS
-
-    work_lb, path_lb, batching_lb = bounds
-    floor_s, floor_tokens, num_floor = floor
-    print(
-        f"\n(b) simulated: {args.sim_engines} engines, one per {GPUS[args.sim_gpu].name}, "
-        f"Qwen3-14B bf16; {args.sim_prompts} prompts x {args.sim_samples} rollouts (workload seed "
-        f"{seed}), responses up to {args.sim_max_response} tokens; KV {args.sim_kv_tokens} "
-        f"tokens/engine ({args.sim_kv_source}); max_num_seqs {args.sim_max_seqs}; kv step "
-        f"{args.step_tokens} tokens; drain balance {args.drain_balance}; kv over-commit "
-        f"{args.kv_overcommit}; prompt order {args.sim_order}"
-    )
-    print(
-        f"cost ({args.sim_cost_source}): step = {cost.a_s * 1e3:.2f} ms + {cost.b_s * 1e6:.1f} us x "
-        f"batch + {cost.c_s * 1e9:.1f} ns x context tokens; prefill {cost.p_s * 1e6:.1f} us/token"
-    )
-    if cost.max_draft:
-        drafts = {b: cost.draft(b, b * 4096) for b in (1, 8, 32, 64, 256)}
-        print(
-            f"speculative decoding on every engine: each draft token accepted with probability "
-            f"{cost.acceptance}, up to {cost.max_draft} a step at batches up to "
-            f"{cost.spec_max_batch}; drafts per batch at 4K context each: {drafts}; the bounds "
-            f"below are computed with it"
-        )
-    print(
-        f"work bound (total work / total capacity) {work_lb:.1f} s; critical path (the slowest "
-        f"trajectory alone on an engine: batch 1, its tool calls waited) {path_lb:.1f} s; max "
-        f"{max(work_lb, path_lb):.1f} s"
-    )
-    if batching_lb is None:
-        print(
-            "batching bound: not computed with speculative decoding (a step makes several tokens)"
-        )
-    else:
-        print(
-            f"batching bound (scheduler_sim.batching_bound_s: each trajectory waits out every step "
-            f"it shares, and the steps it cannot share pay the fixed cost): {batching_lb:.1f} s = "
-            f"{batching_lb / max(work_lb, path_lb):.3f} x max bound; no schedule goes below "
-            f"{max(work_lb, path_lb, batching_lb):.1f} s"
-        )
-    print(
-        f"step floor (estimate, not a bound; scheduler_sim.step_floor_s): {floor_s:.1f} s = "
-        f"{floor_tokens} decode steps x {cost.a_s * 1e3:.2f} ms on every engine "
-        f"({num_floor} trajectories decode >= {floor_tokens} tokens, >= 1 per engine) + "
-        f"each engine's share of the per-token work"
-    )
-    print(
-        f"full-load path (not a bound; scheduler_sim.full_load_path_s): {full_load_s:.1f} s = "
-        f"{full_load_s / max(work_lb, path_lb):.3f} x max bound: the slowest trajectory on an "
-        f"engine held at the work bound's batch and KV"
-    )
-
-
-def _print_rows(records: list[dict], results: dict) -> None:
-    def fmt(x: float | None, spec: str, suffix: str = "") -> str:
-        return "-" if x is None else f"{x:{spec}}{suffix}"
-
-    header = ["policy", "makespan s", "x max bd", "x best bd", "x floor", "start bd s"]
-    header.append("idle frac")
-    header += ["preempt", "KV mean", "moves", "move work", "rho", "static/x", "least-req/x"]
-    table = []
-    for rec in records:
-        bound = max(rec["work_bound_s"], rec["critical_path_s"])
-        table.append(
-            [
-                rec["policy"],
-                f"{rec['makespan_s']:.1f}",
-                f"{rec['makespan_s'] / bound:.3f}",
-                f"{rec['makespan_s'] / best_bound_s(rec):.3f}",
-                f"{rec['makespan_s'] / rec['step_floor_s']:.3f}",
-                f"{rec['start_bound_s']:.1f}",
-                f"{rec['idle_fraction']:.3f}",
-                str(rec["num_preemptions"]),
-                f"{rec['mean_kv_use']:.2f}",
-                str(rec["num_migrations"]),
-                f"{100 * rec['migration_overhead_share']:.2f}%",
-                fmt(rec["length_spearman"], ".3f"),
-                fmt(rec["static_ratio"], ".2f", "x"),
-                fmt(rec["least_requests_ratio"], ".2f", "x"),
-            ]
-        )
-    print_table(header, table)
-    print(
-        "best bd: max(work bd, crit path, batching bd); start bd: had each trajectory run alone "
-        "from when it started; move work: re-prefill on the engine a trajectory moved to, as a "
-        "share of all engine work; rho: Spearman of the predicted and true response lengths of "
-        "each prompt's samples still unfinished when its first sample finished"
-    )
-    print(
-        "\nwhere the time goes: when 50/90/99% of trajectories were done; the share of the makespan"
-        "\nafter 90%; the last trajectory to finish: when it started and its own batch-1 time;"
-        "\nper tenth of the makespan: busy fraction of engine time, mean batch while busy, and KV"
-        "\nheld by running requests as a share of all engines' KV (the work bound assumes 1.00)"
-    )
-    header = ["policy", "t50/t90/t99 s", "after t90", "last: start/own s", "busy by tenth"]
-    header += ["batch by tenth", "KV by tenth"]
-    table = [
-        [
-            name,
-            "/".join(f"{r.done_at(f):.0f}" for f in (0.5, 0.9, 0.99)),
-            f"{1 - r.done_at(0.9) / r.makespan_s:.0%}",
-            f"{r.last_start_s:.0f}/{r.last_own_s:.0f}",
-            " ".join(f"{x:.2f}" for x in r.busy_by_tenth),
-            " ".join(f"{x:.0f}" for x in r.batch_by_tenth),
-            " ".join(f"{x:.2f}" for x in r.kv_by_tenth),
-        ]
-        for name, r in results.items()
-    ]
-    print_table(header, table)
-
-
-def print_across_seeds(records: list[dict], seeds: list[int]) -> None:
-    """Makespans per seed; ratios of the mean makespans, then the lowest and highest per seed."""
-    by = {(r["policy"], r["seed"]): r["makespan_s"] for r in records}
-    names = list(dict.fromkeys(r["policy"] for r in records))
-    mean = {n: sum(by[n, x] for x in seeds) / len(seeds) for n in names}
-    print(
-        f"\n(b) across workload seeds {','.join(map(str, seeds))}: makespan s per seed; the ratios "
-        "are of the mean makespans, then the lowest and highest per-seed ratio"
-    )
-
-    def ratios(n: str, base: str) -> str:
-        if base not in mean:
-            return "-"
-        per_seed = [by[base, x] / by[n, x] for x in seeds]
-        return f"{mean[base] / mean[n]:.2f}x ({min(per_seed):.2f}-{max(per_seed):.2f})"
-
-    header = ["policy", *(f"seed {x}" for x in seeds), "mean s", "static/x", "least-req/x"]
-    table = [
-        [n, *(f"{by[n, x]:.1f}" for x in seeds), f"{mean[n]:.1f}"]
-        + [ratios(n, "static"), ratios(n, "least-requests")]
-        for n in names
-    ]
-    print_table(header, table)
-
-
-def check_targets(records: list[dict], default: str) -> list[dict]:
-    """The issue's targets on each candidate row and seed: value, target, met."""
-    out = []
-    for rec in records:
-        if rec["policy"] not in (*CANDIDATES, default):
-            continue
-        bound = max(rec["work_bound_s"], rec["critical_path_s"])
-        values = {
-            "max_bound_ratio": rec["makespan_s"] / bound,
-            "min_least_requests_ratio": rec["least_requests_ratio"],
-            "max_migration_overhead_share": rec["migration_overhead_share"],
-            "min_length_spearman": rec["length_spearman"],
-        }
-        for target, value in values.items():
-            limit = TARGETS[target]
-            met = value is not None and (
-                value <= limit if target.startswith("max") else value >= limit
-            )
-            out.append(
-                {"policy": rec["policy"], "seed": rec["seed"], "target": target, "value": value,
-                 "limit": limit, "met": met}
-            )  # fmt: skip
-    return out
-
-
-def print_targets(checks: list[dict], default: str) -> None:
-    print(
-        f"\n(b) the issue's targets, per seed (default policy: {default}); a value that could not "
-        "be measured (its baseline not run) counts as not met"
-    )
-    names = {
-        "max_bound_ratio": "makespan / max(work bd, crit path) <= 1.15",
-        "min_least_requests_ratio": "least-requests / makespan >= 1.25",
-        "max_migration_overhead_share": "move re-prefill / all work <= 2%",
-        "min_length_spearman": "Spearman(predicted, true length) >= 0.6",
-    }
-    header = ["policy", "target", "values per seed", "met"]
-    table = []
-    for policy in dict.fromkeys(c["policy"] for c in checks):
-        for target, text in names.items():
-            rows = [c for c in checks if c["policy"] == policy and c["target"] == target]
-            values = " ".join("-" if c["value"] is None else f"{c['value']:.3f}" for c in rows)
-            met = "met" if all(c["met"] for c in rows) else "NOT met"
-            label = f"{policy} (default)" if policy == default else policy
-            table.append([label, text, values, met])
-    print_table(header, table)
-
-
-def best_bound_s(rec: dict) -> float:
-    """The most any of the three bounds says: no schedule of this workload finishes before it."""
-    return max(rec["work_bound_s"], rec["critical_path_s"], rec["batching_bound_s"] or 0.0)
-
-
-def print_reach(records: list[dict], default: str) -> None:
-    """Whether target 1 can be met at all: best bound / max(work bound, critical path) per seed."""
-    rows = [r for r in records if r["policy"] == default and r["batching_bound_s"] is not None]
-    if not rows:
-        return
-    limit = TARGETS["max_bound_ratio"]
-    reach = {
-        r["seed"]: best_bound_s(r) / max(r["work_bound_s"], r["critical_path_s"]) for r in rows
-    }
-    gap = [r["makespan_s"] / best_bound_s(r) for r in rows]
-    out = [str(seed) for seed, x in reach.items() if x > limit]
-    verdict = (
-        "out of reach of every schedule on every seed" if len(out) == len(rows)
-        else f"out of reach of every schedule on seed(s) {','.join(out)}" if out
-        else "not ruled out by the bounds"
-    )  # fmt: skip
-    print(
-        f"\ntarget 1 against the batching bound: per seed, no schedule goes below "
-        f"{' '.join(f'{x:.3f}' for x in reach.values())} x max(work bd, crit path), so <= {limit} "
-        f"is {verdict}; {default} takes "
-        f"{' '.join(f'{x:.3f}' for x in gap)} x the best bound"
-    )
-
-
-def run_partial(args, cost, seeds: list[int], records: list[dict], default: str) -> dict:
+def run_partial(
+    args: argparse.Namespace,
+    cost: Cost,
+    seeds: list[int],
+    records: list[dict[str, Any]],
+    default: str,
+) -> dict[str, Any]:
     """Partial rollout with the default policy: steps whose fresh prompts are those of workload
     seeds `seeds` in turn, against the whole-batch makespan of each seed."""
-    from partial_rollout import simulate_partial
-    from scheduler_bench import _sched_config
-
-    config = _sched_config(args, default, args.sim_max_seqs)
     steps = simulate_partial(
-        args.sim_prompts, args.sim_samples, args.sim_max_response, seeds[0], len(seeds),
-        args.sim_partial, config, args.sim_engines, args.sim_kv_tokens, cost, args.sim_max_seqs,
-    )  # fmt: skip
+        num_prompts=args.sim_prompts,
+        num_samples=args.sim_samples,
+        max_response=args.sim_max_response,
+        seed=seeds[0],
+        num_steps=len(seeds),
+        over_provision=args.sim_partial,
+        config=sched_config(args, name=default, max_active=args.sim_max_seqs),
+        num_engines=args.sim_engines,
+        capacity_tokens=args.sim_kv_tokens,
+        cost=cost,
+        max_num_seqs=args.sim_max_seqs,
+    )
     whole = {r["seed"]: r["makespan_s"] for r in records if r["policy"] == default}
     print(
         f"\n(b) partial rollout, {default}, separate from the above (it trains on tokens up to a "
@@ -395,69 +311,20 @@ def run_partial(args, cost, seeds: list[int], records: list[dict], default: str)
     for k, (seed, step) in enumerate(zip(seeds, steps, strict=True)):
         base = whole.get(seed)
         rows.append(
-            [str(k), str(seed), f"{step.makespan_s:.1f}", "-" if base is None else f"{base:.1f}",
-             "-" if base is None else f"{base / step.makespan_s:.2f}x", str(step.num_carried),
-             f"{step.off_policy_share:.1%}", f"{100 * step.migration_overhead_share:.2f}%"]
-        )  # fmt: skip
+            [
+                str(k),
+                str(seed),
+                f"{step.makespan_s:.1f}",
+                "-" if base is None else f"{base:.1f}",
+                "-" if base is None else f"{base / step.makespan_s:.2f}x",
+                str(step.num_carried),
+                f"{step.off_policy_share:.1%}",
+                f"{100 * step.migration_overhead_share:.2f}%",
+            ]
+        )
         out.append({"step": k, "seed": seed, "whole_batch_s": base, **vars(step)})
     print_table(header, rows)
     print(
         "old tokens: share of the decoded tokens of the step's whole groups made in an earlier step"
     )
     return {"policy": default, "over_provision": args.sim_partial, "steps": out}
-
-
-def write_json(path: Path, args, cost, records, checks, partial, default: str) -> None:
-    from scheduler_sim import GPUS
-
-    doc = {
-        "gpu": GPUS[args.sim_gpu].name,
-        "engines": args.sim_engines,
-        "prompts": args.sim_prompts,
-        "samples": args.sim_samples,
-        "max_response_tokens": args.sim_max_response,
-        "kv_tokens_per_engine": args.sim_kv_tokens,
-        "max_num_seqs": args.sim_max_seqs,
-        "prompt_order": args.sim_order,
-        "cost": vars(cost),
-        "default_policy": default,
-        "definitions": {
-            "work_bound_s": "total work / total capacity: every token at the cheapest per-token "
-            "cost the KV and max_num_seqs allow, every prompt and tool answer prefilled once, "
-            "no engine idle (with cost.max_draft > 0: speculating as an engine at that batch "
-            "would)",
-            "critical_path_s": "the slowest trajectory alone on an engine: prompt and tool "
-            "answers prefilled, every token decoded at batch 1 (speculating as an engine at "
-            "batch 1 would, with cost.max_draft > 0), every tool call waited in full",
-            "batching_bound_s": "a lower bound (null with speculative decoding): the least T at "
-            "which every trajectory can make its decode steps, waiting out each step it shares, "
-            "and all engines can run the fixed cost of the steps that takes plus every token's "
-            "per-token work and every prefill (scheduler_sim.batching_bound_s)",
-            "step_floor_s": "estimate, not a bound: the num_engines-th longest decode count x "
-            "the fixed step cost, plus each engine's share of the per-token work",
-            "full_load_path_s": "not a bound: the slowest trajectory's time when each of its "
-            "decode steps costs what a step at the work bound's batch and KV does",
-            "start_bound_s": "had every trajectory of this run run alone from when it started",
-            "least_requests_ratio": "least-requests' makespan / this makespan",
-            "migration_overhead_share": "time re-prefilling contexts on the engines trajectories "
-            "moved to / all engines' busy time",
-            "length_spearman": "Spearman rank correlation of predicted and true response lengths "
-            "over each prompt's samples still unfinished when its first sample finished",
-        },
-        "targets": TARGETS,
-        "runs": records,
-        "target_checks": checks,
-        "partial_rollout": partial,
-    }
-    path.write_text(json.dumps(doc, indent=1) + "\n")
-    print(f"\nwrote {path}")
-
-
-def print_table(header, rows) -> None:
-    """Right-aligned columns under a dashed rule (both parts' tables)."""
-    widths = [max(len(str(x)) for x in col) for col in zip(header, *rows, strict=False)]
-    line = lambda cells: "  ".join(str(c).rjust(w) for c, w in zip(cells, widths, strict=False))  # noqa: E731
-    print(line(header))
-    print("  ".join("-" * w for w in widths))
-    for row in rows:
-        print(line(row))

@@ -15,9 +15,9 @@ engines refuse drafts at any other (rstar2cli.engines.vllm_engine). On a GPU the
 RL temperature, 1.0; run it with a real model (`--model`, `--data`);
 benchmarks/scheduler_bench.py `--sim-spec` takes the acceptance it prints.
 
-    python benchmarks/speculative.py                       # after `make quickstart`
-    python benchmarks/speculative.py --speculative ngram:4 --speculative ngram:2:64
-    python benchmarks/speculative.py --model M --data D --speculative ngram:4:64 --repeats 3
+    python -m benchmarks.speculative                       # after `make quickstart`
+    python -m benchmarks.speculative --speculative ngram:4 --speculative ngram:2:64
+    python -m benchmarks.speculative --model M --data D --speculative ngram:4:64 --repeats 3
 """
 
 from __future__ import annotations
@@ -37,11 +37,10 @@ DEFAULT_SPECULATIVE = "ngram:4"
 def run_once(args, mode: str, out: Path) -> dict:
     """One `rstar2 rollout` (`mode`: `BASELINE`, or a --speculative setting); its stats.json
     numbers and the mean reward of what it wrote."""
-    cmd = [
-        sys.executable, "-m", "rstar2cli.cli", "rollout", "--model", args.model, "--data",
-        args.data, "--samples", str(args.samples), "--seed", str(args.seed), "--engines",
-        str(args.engines), "--temperature", str(args.temperature), "--out", str(out),
-    ]  # fmt: skip
+    cmd = [sys.executable, "-m", "rstar2cli.cli", "rollout", "--model", args.model]
+    cmd += ["--data", args.data, "--samples", str(args.samples), "--seed", str(args.seed)]
+    cmd += ["--engines", str(args.engines), "--temperature", str(args.temperature)]
+    cmd += ["--out", str(out)]
     if mode != BASELINE:
         cmd += ["--speculative", mode]
     done = subprocess.run(cmd, capture_output=True, text=True)
@@ -89,7 +88,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(args.repeats):
             for i, mode in enumerate(modes):
-                runs[mode].append(run_once(args, mode, Path(tmp) / f"mode{i}-run{r}.jsonl"))
+                out = Path(tmp) / f"mode{i}-run{r}.jsonl"
+                runs[mode].append(run_once(args, mode=mode, out=out))
                 print(f"  {mode} run {r + 1}: {runs[mode][-1]['makespan_s']:.1f} s", flush=True)
     print(
         f"\n{args.model} on {args.data}: {args.samples} samples per problem, seed {args.seed}, "

@@ -30,7 +30,7 @@ gives the longest micro-batch (tokens, and whole 8K / 12K trajectories) that fit
 192 GiB, bf16.
 
 Run (from the repository root; ~15 minutes on 2 busy cores, ~5 GB of RAM at the old path's peak):
-    python benchmarks/train_memory.py --json runs/train_memory.json
+    python -m benchmarks.train_memory --json runs/train_memory.json
 """
 
 from __future__ import annotations
@@ -64,8 +64,26 @@ class Shape:
     num_params: float
 
 
-BENCH = Shape(32768, 512, 6, 8, 4, 64, 1536, 0.0)  # num_params filled in when built
-QWEN3_14B = Shape(151936, 5120, 40, 40, 8, 128, 17408, 14.8e9)
+BENCH = Shape(  # num_params filled in when built
+    vocab=32768,
+    hidden=512,
+    layers=6,
+    heads=8,
+    kv_heads=4,
+    head_dim=64,
+    intermediate=1536,
+    num_params=0.0,
+)
+QWEN3_14B = Shape(
+    vocab=151936,
+    hidden=5120,
+    layers=40,
+    heads=40,
+    kv_heads=8,
+    head_dim=128,
+    intermediate=17408,
+    num_params=14.8e9,
+)
 PROMPT_TOKENS, SEQ_TOKENS, NUM_SEQS, TOOL_TOKENS = 512, 4096, 2, 64
 
 
@@ -219,14 +237,12 @@ def run_path(path: str, model_dir: Path, num_threads: int) -> dict[str, float]:
     live tensors; the page faults that costs would distort the time) and time (glibc as is)."""
     out: dict[str, float] = {}
     for mode in ("memory", "time"):
-        env = {
-            **os.environ,
-            "OMP_NUM_THREADS": str(num_threads),
-            "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
-        }
+        env = {**os.environ, "OMP_NUM_THREADS": str(num_threads)}
+        env["PYTHONPATH"] = os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])
         if mode == "memory":
             env["MALLOC_MMAP_THRESHOLD_"] = str(64 * 1024)
-        cmd = [sys.executable, __file__, "--worker", path, mode, "--model", str(model_dir)]
+        cmd = [sys.executable, "-m", "benchmarks.train_memory", "--worker", path, mode]
+        cmd += ["--model", str(model_dir)]
         res = subprocess.run(cmd, check=True, capture_output=True, text=True, env=env).stdout
         out.update(json.loads(res.strip().splitlines()[-1]))
     return out
@@ -317,7 +333,8 @@ def main() -> None:
     ap.add_argument("--model", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
-        print(json.dumps(worker(*args.worker, args.model)))
+        path, mode = args.worker
+        print(json.dumps(worker(path=path, mode=mode, model_dir=args.model)))
         return
     with tempfile.TemporaryDirectory() as tmp:
         num_params = build_model(Path(tmp))

@@ -18,8 +18,8 @@ every 2 ms). Setting up the broadcast group is timed apart (once per run in rl-s
 Beside the measurement, a PROJECTION (not a measurement) of one sync at 14B on 32 engines from
 stated link and disk rates (`project_14b`): what each path moves and through where.
 
-    python benchmarks/weight_sync_speed.py --json weight_sync.json      # ~2 min on 2 cores, ~8 GB RAM
-    python benchmarks/weight_sync_speed.py --engine-dtype bfloat16      # engines in bf16, as on GPUs
+    python -m benchmarks.weight_sync_speed --json weight_sync.json    # ~2 min on 2 cores, ~8 GB RAM
+    python -m benchmarks.weight_sync_speed --engine-dtype bfloat16    # engines in bf16, as on GPUs
 """
 
 from __future__ import annotations
@@ -153,7 +153,7 @@ def project_14b() -> dict[str, Any]:
     }
 
 
-def main() -> None:
+def _parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--json", type=Path, help="write the results here")
     ap.add_argument("--repeats", type=int, default=3, help="timed syncs per path (after warm-up)")
@@ -165,7 +165,11 @@ def main() -> None:
         help="the engines' weights (the trainer keeps fp32 masters): float32, vLLM-CPU's default "
         "here, or bfloat16, as engines run on GPUs (the broadcast then sends half the bytes)",
     )
-    args = ap.parse_args()
+    return ap.parse_args()
+
+
+def main() -> None:
+    args = _parse_args()
 
     import ray
     import torch

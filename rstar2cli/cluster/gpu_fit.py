@@ -2,7 +2,7 @@
 
 An engine on a GPU may use `memory_fraction` of the device (vLLM's `gpu_memory_utilization`):
 its weights (per tensor-parallel worker), its KV cache, and a runtime reserve (activations,
-CUDA/HIP graphs, the CUDA context: RUNTIME_BYTES, as benchmarks/scheduler_sim.py assumes).
+CUDA/HIP graphs, the CUDA context: RUNTIME_BYTES, as benchmarks/sim/workload.py assumes).
 - KV asked for in tokens (`kv_cache_tokens`): weights + tokens x bytes per token + reserve must
   fit the share; vLLM allocates such a cache whatever the share says, and a cache too big is a
   CUDA out-of-memory error minutes into the start.

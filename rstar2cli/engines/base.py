@@ -46,7 +46,7 @@ if TYPE_CHECKING:
 FINISH_REASONS = ("stop", "length", "abort", "error")
 # speculative decoding without a draft model (vllm_engine.speculative_config), by default at
 # batches up to SPECULATIVE_MAX_BATCH: there, on an H100 with a 14B model, the cost model of
-# benchmarks/scheduler_sim.py (at acceptance 0.5) still drafts 3 or 4 tokens a step; a full batch
+# benchmarks/sim/workload.py (at acceptance 0.5) still drafts 3 or 4 tokens a step; a full batch
 # is left to the GPU's compute.
 SPECULATIVE_METHODS = ("ngram",)
 SPECULATIVE_MAX_BATCH = 32

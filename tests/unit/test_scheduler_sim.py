@@ -1,6 +1,6 @@
-"""The cluster simulator behind benchmarks/scheduler_bench.py part (b), on tiny scripted workloads:
-what a move costs, what a cut (partial rollout) carries into the next step, and that an oracle
-run's scheduler is told the true lengths.
+"""The cluster simulator behind benchmarks/scheduler_bench.py part (b) (`benchmarks.sim`), on
+tiny scripted workloads: what a move costs, what a cut (partial rollout) carries into the next
+step, and that an oracle run's scheduler is told the true lengths.
 
 The cost model here is a round 10 ms per decode step and 1 ms per prefilled token, nothing else,
 so the numbers can be followed by hand. The simulator drives the real `Scheduler`.
@@ -14,24 +14,21 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-
-from hindsight_peak import EnginePeak, told_final_tokens  # noqa: E402
-from partial_rollout import simulate_partial  # noqa: E402
-from scheduler_bench import POLICIES  # noqa: E402
-from scheduler_sim import (  # noqa: E402
-    GPUS,
-    Cost,
-    SimTraj,
+from benchmarks.sim.bounds import (
     batching_bound_s,
     full_load_path_s,
-    gpu_cost,
     lower_bound_s,
-    make_workload,
-    simulate,
+    workload_bounds,
 )
+from benchmarks.sim.hindsight import EnginePeak, told_final_tokens
+from benchmarks.sim.model import simulate
+from benchmarks.sim.partial_rollout import simulate_partial
+from benchmarks.sim.policies import POLICIES
+from benchmarks.sim.workload import GPUS, Cost, SimTraj, gpu_cost, make_workload
+from rstar2cli.scheduler.scheduler import SchedulerConfig
 
-from rstar2cli.scheduler.scheduler import SchedulerConfig  # noqa: E402
+REPO = Path(__file__).resolve().parents[2]
+BENCH = [sys.executable, "-m", "benchmarks.scheduler_bench"]
 
 COST = Cost(a_s=0.01, b_s=0.0, c_s=0.0, p_s=0.001)
 
@@ -51,7 +48,14 @@ def crowded_home():
 
 
 def test_a_move_prefills_the_context_again_on_the_new_engine_and_is_charged():
-    moved = simulate(crowded_home(), config(migrate_after_s=0.0), 2, 1000, 800, COST)
+    moved = simulate(
+        crowded_home(),
+        config(migrate_after_s=0.0),
+        num_engines=2,
+        capacity_tokens=1000,
+        max_response=800,
+        cost=COST,
+    )
     assert moved.num_migrations == 1 and moved.num_moved_tokens > 0
     # prefilled: three prompts, one tool answer, and the moved context once more
     assert moved.num_prefill_tokens == 3 * 100 + 20 + moved.num_moved_tokens
@@ -59,7 +63,14 @@ def test_a_move_prefills_the_context_again_on_the_new_engine_and_is_charged():
     assert moved.migration_overhead_share == pytest.approx(
         COST.p_s * moved.num_moved_tokens / busy_s
     )
-    stay = simulate(crowded_home(), config(migrate_after_s=1e9), 2, 1000, 800, COST)
+    stay = simulate(
+        crowded_home(),
+        config(migrate_after_s=1e9),
+        num_engines=2,
+        capacity_tokens=1000,
+        max_response=800,
+        cost=COST,
+    )
     assert stay.num_migrations == stay.num_moved_tokens == 0
     # waiting at home, a's and c's cached prefixes were evicted and prefilled again: that is
     # not a move's cost; here the move was cheaper than the wait
@@ -69,14 +80,24 @@ def test_a_move_prefills_the_context_again_on_the_new_engine_and_is_charged():
 def test_a_cut_carries_the_unfinished_with_their_tokens_so_far():
     short = [SimTraj(100, [50], [], [], group=0) for _ in range(2)]
     long_ = [SimTraj(100, [300, 300], [20], [1.0], group=1) for _ in range(2)]
-    cut = simulate(short + long_, config(), 2, 4000, 1000, COST, stop_after_groups=1)
+    cut = simulate(
+        short + long_,
+        config(),
+        num_engines=2,
+        capacity_tokens=4000,
+        max_response=1000,
+        cost=COST,
+        stop_after_groups=1,
+    )
     # the short group is whole after 50 steps; the long samples have made 50 of their 300 then
     assert cut.num_groups_done == 1 and cut.done == [True, True, False, False]
     assert cut.makespan_s == pytest.approx(0.2 + 50 * 0.01)  # 2 prompts per engine, 50 steps
     for t in cut.carried:
         assert (t.prompt_tokens, t.turns, t.chunks, t.group) == (150, [250, 300], [20], 1)
         assert (t.budget, t.carried_tokens) == (950, 50)
-    rest = simulate(cut.carried, config(), 2, 4000, 1000, COST)
+    rest = simulate(
+        cut.carried, config(), num_engines=2, capacity_tokens=4000, max_response=1000, cost=COST
+    )
     assert rest.done == [True, True]
     assert [a + b for a, b in zip(cut.decoded_tokens[2:], rest.decoded_tokens, strict=True)] == [
         600,
@@ -90,9 +111,24 @@ def test_a_draining_cut_waits_for_the_requests_and_tool_calls_in_flight():
     on from there."""
     short = [SimTraj(100, [50], [], [], group=0) for _ in range(2)]
     long_ = [SimTraj(100, [300, 300], [20], [1.0], group=1) for _ in range(2)]
-    cut = simulate(short + long_, config(), 2, 4000, 1000, COST, stop_after_groups=1)
+    cut = simulate(
+        short + long_,
+        config(),
+        num_engines=2,
+        capacity_tokens=4000,
+        max_response=1000,
+        cost=COST,
+        stop_after_groups=1,
+    )
     drained = simulate(
-        short + long_, config(), 2, 4000, 1000, COST, stop_after_groups=1, drain=True
+        short + long_,
+        config(),
+        num_engines=2,
+        capacity_tokens=4000,
+        max_response=1000,
+        cost=COST,
+        stop_after_groups=1,
+        drain=True,
     )
     assert drained.done == [True, True, False, False]
     assert drained.decoded_tokens == [50, 50, 100, 100] and drained.makespan_s > cut.makespan_s
@@ -105,13 +141,42 @@ def test_partial_rollout_over_provisions_carries_and_counts_the_old_tokens():
     # requests of at most 64 tokens: a stopping step waits for those in flight only
     cfg, cost = SchedulerConfig(step_tokens=64), Cost(0.01, 5e-5, 8e-8, 5e-5)
     whole = [
-        simulate(make_workload(4, 4, 2048, s), cfg, 2, 50_000, 2048, cost).makespan_s
+        simulate(
+            make_workload(num_prompts=4, num_samples=4, max_response=2048, seed=s),
+            cfg,
+            num_engines=2,
+            capacity_tokens=50_000,
+            max_response=2048,
+            cost=cost,
+        ).makespan_s
         for s in range(3)
     ]
-    none = simulate_partial(4, 4, 2048, 0, 3, 0.0, cfg, 2, 50_000, cost)
+    none = simulate_partial(
+        num_prompts=4,
+        num_samples=4,
+        max_response=2048,
+        seed=0,
+        num_steps=3,
+        over_provision=0.0,
+        config=cfg,
+        num_engines=2,
+        capacity_tokens=50_000,
+        cost=cost,
+    )
     assert [s.makespan_s for s in none] == pytest.approx(whole)  # nothing extra, nothing carried
     assert all(s.num_carried == 0 and s.off_policy_share == 0 for s in none)
-    over = simulate_partial(4, 4, 2048, 0, 3, 0.5, cfg, 2, 50_000, cost)
+    over = simulate_partial(
+        num_prompts=4,
+        num_samples=4,
+        max_response=2048,
+        seed=0,
+        num_steps=3,
+        over_provision=0.5,
+        config=cfg,
+        num_engines=2,
+        capacity_tokens=50_000,
+        cost=cost,
+    )
     assert all(s.num_groups_done >= 4 for s in over)
     assert over[0].off_policy_share == 0 and over[0].num_carried > 0  # step 0: nothing old yet
     assert any(s.off_policy_share > 0 for s in over[1:])
@@ -123,8 +188,10 @@ def test_an_oracle_run_starts_the_truly_longest_first():
     one first, so the short one finishes last."""
     work = [SimTraj(100, [50], [], []), SimTraj(100, [600], [], [])]
     cfg = config(admission="predicted", max_active_per_engine=1)
-    blind = simulate(work, cfg, 1, 1000, 800, COST)
-    oracle = simulate(work, cfg, 1, 1000, 800, COST, oracle=True)
+    blind = simulate(work, cfg, num_engines=1, capacity_tokens=1000, max_response=800, cost=COST)
+    oracle = simulate(
+        work, cfg, num_engines=1, capacity_tokens=1000, max_response=800, cost=COST, oracle=True
+    )
     own = {"short": 0.1 + 50 * 0.01, "long": 0.1 + 600 * 0.01}  # prompt prefill + decode steps
     assert blind.last_own_s == pytest.approx(own["long"])
     assert oracle.last_own_s == pytest.approx(own["short"])
@@ -165,8 +232,18 @@ def test_a_peak_oracle_run_starts_the_truly_longest_first_and_holds_its_kv_under
     2 x 50 = 300, then 700), the 500-token one does not (100 + 100 + 2 x 500 = 1200) and starts
     only once the 600-token one is done. Blind, all three start at once and fill the KV."""
     work = [SimTraj(100, [50], [], []), SimTraj(100, [600], [], []), SimTraj(100, [500], [], [])]
-    blind = simulate(work, config(), 1, 1000, 800, COST)
-    peak = simulate(work, config(), 1, 1000, 800, COST, peak_oracle="trajectory")
+    blind = simulate(
+        work, config(), num_engines=1, capacity_tokens=1000, max_response=800, cost=COST
+    )
+    peak = simulate(
+        work,
+        config(),
+        num_engines=1,
+        capacity_tokens=1000,
+        max_response=800,
+        cost=COST,
+        peak_oracle="trajectory",
+    )
     assert blind.last_start_s == 0 and blind.peak_kv_use == 1.0
     assert peak.peak_kv_use <= 0.9
     assert peak.last_own_s == pytest.approx(0.1 + 500 * 0.01)  # the 500-token one ends last
@@ -180,10 +257,35 @@ def test_the_full_load_path_runs_every_step_at_the_work_bounds_batch_and_kv():
     # 0.01 ms = 18.98 ms; the path: 100 x 1 ms of prefill + 50 steps = 0.1 + 0.949 s.
     cost = Cost(a_s=0.01, b_s=0.001, c_s=1e-5, p_s=0.001)
     work = [SimTraj(100, [50], [], [])]
-    assert full_load_path_s(work, 1000, 8192, cost, max_num_seqs=4) == pytest.approx(1.049)
+    assert full_load_path_s(
+        work, capacity_tokens=1000, max_response=8192, cost=cost, max_num_seqs=4
+    ) == pytest.approx(1.049)
     # alone (batch 1, its own context only) the same trajectory is faster: the critical path
-    _, path = lower_bound_s(work, 1, 1000, 8192, cost, max_num_seqs=4)
+    _, path = lower_bound_s(
+        work, num_engines=1, capacity_tokens=1000, max_response=8192, cost=cost, max_num_seqs=4
+    )
     assert path == pytest.approx(0.1 + 50 * (0.01 + 0.001) + 1e-5 * 6225)
+
+
+def test_workload_bounds_gathers_every_bound_of_the_workload():
+    """The same trajectory: one step-floor trajectory of 50 decode steps (0.5 s of fixed cost on
+    the one engine, plus 0.1 s of prefill, 0.05 s of per-request and 0.06225 s of context work)."""
+    cost = Cost(a_s=0.01, b_s=0.001, c_s=1e-5, p_s=0.001)
+    work = [SimTraj(100, [50], [], [])]
+    bounds = workload_bounds(
+        work, num_engines=1, capacity_tokens=1000, max_response=8192, cost=cost, max_num_seqs=4
+    )
+    assert (bounds.work_s, bounds.critical_path_s) == lower_bound_s(
+        work, num_engines=1, capacity_tokens=1000, max_response=8192, cost=cost, max_num_seqs=4
+    )
+    assert bounds.max_s == bounds.critical_path_s == pytest.approx(0.71225)
+    assert bounds.full_load_path_s == pytest.approx(1.049)
+    assert (bounds.step_floor_s, bounds.step_floor_tokens, bounds.num_step_floor) == (
+        pytest.approx(0.71225),
+        50,
+        1,
+    )
+    assert bounds.batching_s == pytest.approx(bounds.critical_path_s)
 
 
 def test_the_batching_bound_is_reached_by_identical_trajectories_sharing_one_engine():
@@ -193,12 +295,25 @@ def test_the_batching_bound_is_reached_by_identical_trajectories_sharing_one_eng
     work bound (steps of 256) and the critical path both say less."""
     cost = Cost(a_s=0.01, b_s=0.001, c_s=0.0, p_s=0.0)
     work = [SimTraj(100, [100], [], []) for _ in range(4)]
-    bound = batching_bound_s(work, 1, 10_000, 8192, cost)
+    bound = batching_bound_s(
+        work, num_engines=1, capacity_tokens=10_000, max_response=8192, cost=cost
+    )
     assert bound == pytest.approx(1.4, rel=1e-5)
-    assert max(lower_bound_s(work, 1, 10_000, 8192, cost)) == pytest.approx(1.1)
-    assert simulate(work, config(), 1, 10_000, 8192, cost).makespan_s == pytest.approx(1.4)
+    assert max(
+        lower_bound_s(work, num_engines=1, capacity_tokens=10_000, max_response=8192, cost=cost)
+    ) == pytest.approx(1.1)
+    assert simulate(
+        work, config(), num_engines=1, capacity_tokens=10_000, max_response=8192, cost=cost
+    ).makespan_s == pytest.approx(1.4)
     assert (
-        batching_bound_s(work, 1, 10_000, 8192, replace(cost, acceptance=0.5, max_draft=2)) is None
+        batching_bound_s(
+            work,
+            num_engines=1,
+            capacity_tokens=10_000,
+            max_response=8192,
+            cost=replace(cost, acceptance=0.5, max_draft=2),
+        )
+        is None
     )
 
 
@@ -209,7 +324,7 @@ def test_kv_by_tenth_follows_the_contexts_held_and_averages_to_the_mean_kv_use()
     mean KV use; none exceeds the peak."""
     cost = Cost(a_s=0.01, b_s=0.0, c_s=0.0, p_s=0.0)
     work = [SimTraj(100, [300], [], []), SimTraj(100, [30], [], [])]
-    run = simulate(work, config(), 1, 1000, 400, cost)
+    run = simulate(work, config(), num_engines=1, capacity_tokens=1000, max_response=400, cost=cost)
     assert run.makespan_s == pytest.approx(3.0)
     kv = run.kv_by_tenth
     assert len(kv) == 10 and sum(kv) / 10 == pytest.approx(run.mean_kv_use)
@@ -226,13 +341,41 @@ def test_no_simulated_schedule_finishes_before_the_batching_bound(seed):
     """H100 costs, 8 prompts x 8 heavy-tailed multi-turn samples, 2 or 4 engines, every policy
     the benchmark compares: each makespan stays at or above the bound, which stays at or above
     the critical path."""
-    cost, work = gpu_cost(GPUS["h100"]), make_workload(8, 8, 2048, seed)
+    cost, work = (
+        gpu_cost(GPUS["h100"]),
+        make_workload(num_prompts=8, num_samples=8, max_response=2048, seed=seed),
+    )
     for engines in (2, 4):
-        bound = batching_bound_s(work, engines, 20_000, 2048, cost, max_num_seqs=32)
-        assert bound >= lower_bound_s(work, engines, 20_000, 2048, cost, 32)[1]
+        bound = batching_bound_s(
+            work,
+            num_engines=engines,
+            capacity_tokens=20_000,
+            max_response=2048,
+            cost=cost,
+            max_num_seqs=32,
+        )
+        assert (
+            bound
+            >= lower_bound_s(
+                work,
+                num_engines=engines,
+                capacity_tokens=20_000,
+                max_response=2048,
+                cost=cost,
+                max_num_seqs=32,
+            )[1]
+        )
         for policy in ("kv-incremental", "kv-predicted", "static", "least-requests"):
             cfg = SchedulerConfig(**POLICIES[policy], max_active_per_engine=32)
-            run = simulate(work, cfg, engines, 20_000, 2048, cost, max_num_seqs=32)
+            run = simulate(
+                work,
+                cfg,
+                num_engines=engines,
+                capacity_tokens=20_000,
+                max_response=2048,
+                cost=cost,
+                max_num_seqs=32,
+            )
             assert run.makespan_s >= bound, (engines, policy, run.makespan_s, bound)
 
 
@@ -261,12 +404,16 @@ def test_speculation_shortens_a_lone_trajectory_and_its_critical_path_alike():
     # with speculation, 70 steps of 11 ms without; the same 70 tokens either way
     work = [SimTraj(100, [70], [], [])]
     plain = Cost(0.01, 0.001, 0.0, 0.001)
-    fast = simulate(work, config(), 1, 1000, 800, SPEC)
-    slow = simulate(work, config(), 1, 1000, 800, plain)
+    fast = simulate(
+        work, config(), num_engines=1, capacity_tokens=1000, max_response=800, cost=SPEC
+    )
+    slow = simulate(
+        work, config(), num_engines=1, capacity_tokens=1000, max_response=800, cost=plain
+    )
     assert fast.makespan_s == pytest.approx(0.1 + 40 * 0.013)
     assert slow.makespan_s == pytest.approx(0.1 + 70 * 0.011)
     assert fast.num_tokens == slow.num_tokens == 70
-    _, path = lower_bound_s(work, 1, 1000, 800, SPEC)
+    _, path = lower_bound_s(work, num_engines=1, capacity_tokens=1000, max_response=800, cost=SPEC)
     assert path == pytest.approx(fast.makespan_s)  # alone, the run is its own critical path
 
 
@@ -276,24 +423,31 @@ def test_the_work_bound_drafts_at_a_smaller_batch_when_that_is_cheaper_per_token
     # acceptance 0.7 makes (1 - 0.7^5) / 0.3 = 2.77 tokens a step each, 1.80 ms a token
     work = [SimTraj(100, [50], [], []) for _ in range(4)]
     cost = Cost(0.01, 0.0, 0.0, 0.0, acceptance=0.7, max_draft=4, spec_max_batch=2)
-    bound, _ = lower_bound_s(work, 1, 10_000, 8192, cost, max_num_seqs=4)
+    bound, _ = lower_bound_s(
+        work, num_engines=1, capacity_tokens=10_000, max_response=8192, cost=cost, max_num_seqs=4
+    )
     assert bound == pytest.approx(200 * 0.01 / 2 / cost.tokens_per_step(4))
     # at acceptance 0.5 (1.94 tokens a step, 2.58 ms a token) the full batch stays cheaper
     half = Cost(0.01, 0.0, 0.0, 0.0, acceptance=0.5, max_draft=4, spec_max_batch=2)
-    assert lower_bound_s(work, 1, 10_000, 8192, half, max_num_seqs=4)[0] == pytest.approx(0.5)
+    assert lower_bound_s(
+        work, num_engines=1, capacity_tokens=10_000, max_response=8192, cost=half, max_num_seqs=4
+    )[0] == pytest.approx(0.5)
 
 
 def test_part_b_writes_each_runs_batching_bound_and_says_whether_target_1_can_be_met(tmp_path):
     """The benchmark at 1/32 scale: every row's JSON carries the batching bound, no row beats
     it, and the targets section says what it means for target 1."""
     out = tmp_path / "b.json"
-    bench = Path(__file__).resolve().parents[2] / "benchmarks" / "scheduler_bench.py"
     small = "--sim-engines 2 --sim-prompts 8 --sim-samples 4 --sim-max-response 1024"
+    flags = "--sim-seeds 0,1 --policies kv-incremental,least-requests --sim-partial 0"
     done = subprocess.run(
-        [sys.executable, str(bench), "--part", "b", *small.split(), "--sim-seeds", "0,1",
-         "--policies", "kv-incremental,least-requests", "--sim-partial", "0", "--json", str(out)],
-        capture_output=True, text=True, timeout=120, check=True,
-    )  # fmt: skip
+        [*BENCH, "--part", "b", *small.split(), *flags.split(), "--json", str(out)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
     runs = json.loads(out.read_text())["runs"]
     assert len(runs) == 4
     for run in runs:
@@ -303,13 +457,16 @@ def test_part_b_writes_each_runs_batching_bound_and_says_whether_target_1_can_be
 
 def test_sim_oracle_adds_the_hindsight_start_rows(tmp_path):
     out = tmp_path / "b.json"
-    bench = Path(__file__).resolve().parents[2] / "benchmarks" / "scheduler_bench.py"
     small = "--sim-gpu h100 --sim-engines 2 --sim-prompts 8 --sim-samples 8 --sim-seeds 0"
+    flags = "--policies kv-incremental --sim-oracle --sim-partial none"
     subprocess.run(
-        [sys.executable, str(bench), "--part", "b", *small.split(), "--policies",
-         "kv-incremental", "--sim-oracle", "--sim-partial", "none", "--json", str(out)],
-        capture_output=True, text=True, timeout=120, check=True,
-    )  # fmt: skip
+        [*BENCH, "--part", "b", *small.split(), *flags.split(), "--json", str(out)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
     runs = {run["policy"]: run for run in json.loads(out.read_text())["runs"]}
     assert set(runs) == {"kv-incremental", "kv-peak (oracle)", "kv-peak (prompt oracle)"}
     for run in runs.values():

@@ -1,9 +1,12 @@
-"""Hindsight admission for the simulated cluster: how close knowing every length gets.
+"""Hindsight for the simulated cluster: how close knowing every length gets.
 
-Not a policy: no online scheduler knows how long a trajectory will run. It is the reference row
-`kv-peak (oracle)` of `scheduler_bench.py --part b --sim-oracle`, the best use of perfect length
-knowledge found for the H100 case, where the KV fills. kv-incremental, told nothing, runs on
-unchanged for every request after a trajectory's first; only the starts are decided here:
+Two reference runs, neither a policy (no online scheduler knows how long a trajectory will run):
+`OracleLengths` tells the scheduler every trajectory's true length (`simulate(oracle=True)`), and
+`PeakAdmission` starts trajectories by hindsight (`simulate(peak_oracle=...)`). The latter is the
+reference row `kv-peak (oracle)` of `scheduler_bench --part b --sim-oracle`, the best use of
+perfect length knowledge found for the H100 case, where the KV fills. kv-incremental, told
+nothing, runs on unchanged for every request after a trajectory's first; only the starts are
+decided here:
 - new trajectories start longest first (true response length, tool answers included);
 - one starts on the engine where its start keeps the projected KV peak lowest, and only if that
   peak stays within `kv_limit_tokens`; one that fits nowhere is passed over for a shorter one
@@ -19,20 +22,22 @@ NOTE: decoding together leaves the projection as it is (each c_i grows as each r
 it is rebuilt only when an engine's trajectories change: a start, a finish or a move. Tool pauses
 and preemptions shift it in between, and it does not count them.
 
-Measured with it (see benchmarks/scheduler_bench.py's docstring for the rows): the H100 at
-1/4 scale (16 engines, 128 prompts), seed 0, the limit at 0.7 / 0.8 / 0.85 / 0.9 / 0.95 / 1.0 /
-1.2 of the KV: 1.265 / 1.163 / 1.164 / 1.153 / 1.190 / 1.268 / 1.369x max(work bound, critical
-path); 0.9 is `KV_FRACTION`. Below it KV goes unused; from 1.0 on the engines preempt (9 and
-10 times). Tested in tests/unit/test_scheduler_sim.py.
+Measured with `PeakAdmission` (see benchmarks/scheduler_bench.py's docstring for the rows): the
+H100 at 1/4 scale (16 engines, 128 prompts), seed 0, the limit at 0.7 / 0.8 / 0.85 / 0.9 / 0.95 /
+1.0 / 1.2 of the KV: 1.265 / 1.163 / 1.164 / 1.153 / 1.190 / 1.268 / 1.369x max(work bound,
+critical path); 0.9 is `KV_FRACTION`. Below it KV goes unused; from 1.0 on the engines preempt
+(9 and 10 times). Tested in tests/unit/test_scheduler_sim.py.
 """
 
 from __future__ import annotations
 
 import bisect
+import math
 from collections.abc import Hashable
 from itertools import accumulate
 
-from rstar2cli.scheduler.scheduler import Dispatch, Status
+from rstar2cli.scheduler.predict import SiblingLengths
+from rstar2cli.scheduler.scheduler import Dispatch, Scheduler, Status
 
 # the projected peak allowed, as a fraction of an engine's KV (best of the sweep above)
 KV_FRACTION = 0.9
@@ -42,9 +47,35 @@ MAX_TRIES = 256
 KNOWS = ("trajectory", "prompt")
 
 
+class OracleLengths:
+    """Hindsight for `simulate(oracle=True)`: every trajectory's true response length (tool
+    answers included, as the scheduler counts it), known before it starts. Who has started is
+    kept by a `SiblingLengths` the scheduler's updates go to; only the predictions differ."""
+
+    def __init__(self, true_tokens: list[int]) -> None:
+        self._true = true_tokens
+        self._started = SiblingLengths()
+
+    def add(self, key: int, group: Hashable) -> None:
+        self._started.add(key, group)
+
+    def update(self, key: int, response_tokens: int, done: bool = False) -> None:
+        self._started.update(key, response_tokens, done)
+
+    def num_started(self, group: Hashable) -> int:
+        return self._started.num_started(group)
+
+    def predict(self, key: int, max_tokens: float = math.inf) -> float:
+        return min(float(self._true[key]), max_tokens)
+
+    def group_median(self, group: tuple[int]) -> float:
+        (key,) = group  # each trajectory is its own group in an oracle run
+        return float(self._true[key])
+
+
 def told_final_tokens(
     trajs: list[tuple[int, Hashable]], true_tokens: list[int], knows: str
-) -> dict[int, int]:
+) -> dict[Hashable, int]:
     """Each trajectory's context at its end, as the admission is told it: from its own true
     response length (`trajectory`), or from the mean of its prompt's (`prompt`: more than any
     sibling predictor learns, since it learns only once a sibling is done). `trajs`: (prompt
@@ -103,7 +134,9 @@ class EnginePeak:
 class PeakAdmission:
     """Installed in place of the scheduler's `_admit_kv` (see the module docstring)."""
 
-    def __init__(self, sched, final_tokens: dict[Hashable, int], kv_limit_tokens: int) -> None:
+    def __init__(
+        self, sched: Scheduler, final_tokens: dict[Hashable, int], kv_limit_tokens: int
+    ) -> None:
         self.sched = sched
         self.final = final_tokens  # each trajectory's context when it ends
         self.limit = kv_limit_tokens

@@ -1,5 +1,5 @@
-"""Partial rollout in `scheduler_sim`: over-provision prompts, end a step once enough groups are
-done, carry the unfinished samples into the next step.
+"""Partial rollout in the simulator (`model.simulate`): over-provision prompts, end a step once
+enough groups are done, carry the unfinished samples into the next step.
 
 A GRPO step needs `num_prompts` whole groups. Here each step starts `over_provision` more prompt
 groups than that (the carried ones count against the extra). Once `num_prompts` groups have every
@@ -15,17 +15,19 @@ way trains on older tokens. Groups that finish fastest are the easy ones, so eac
 towards easier prompts than the data (not measured here).
 
 What it does not do: the training side (which groups a trainer takes, importance weights for
-the old tokens); this is a simulation for benchmarks/scheduler_bench.py part (b). Tested in
-tests/unit/test_scheduler_sim.py.
+the old tokens); this is a simulation for benchmarks/scheduler_bench.py part (b)
+(benchmarks/scheduler_cluster.py). Tested in tests/unit/test_scheduler_sim.py.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Hashable
 from dataclasses import dataclass, replace
 
-from scheduler_sim import Cost, SimTraj, make_workload, simulate
-
+from benchmarks.sim.model import simulate
+from benchmarks.sim.result import SimResult
+from benchmarks.sim.workload import Cost, SimTraj, make_workload
 from rstar2cli.scheduler.scheduler import SchedulerConfig
 
 
@@ -39,6 +41,7 @@ class PartialStep:
 
 
 def simulate_partial(
+    *,
     num_prompts: int,
     num_samples: int,
     max_response: int,
@@ -62,23 +65,35 @@ def simulate_partial(
         num_new = max(in_flight - len({t.group for t in carried}), 0)
         fresh = [
             replace(t, group=(step, t.group))
-            for t in make_workload(num_new, num_samples, max_response, seed + step)
+            for t in make_workload(
+                num_prompts=num_new,
+                num_samples=num_samples,
+                max_response=max_response,
+                seed=seed + step,
+            )
         ]
         work = carried + fresh
         r = simulate(
-            work, config, num_engines, capacity_tokens, max_response, cost, max_num_seqs,
-            stop_after_groups=num_prompts, drain=drain,
-        )  # fmt: skip
+            work,
+            config,
+            num_engines=num_engines,
+            capacity_tokens=capacity_tokens,
+            max_response=max_response,
+            cost=cost,
+            max_num_seqs=max_num_seqs,
+            stop_after_groups=num_prompts,
+            drain=drain,
+        )
         steps.append(_step(work, r))
         carried = r.carried
     return steps
 
 
-def _step(work: list[SimTraj], r) -> PartialStep:
+def _step(work: list[SimTraj], r: SimResult) -> PartialStep:
     """A step's numbers: the decoded tokens of its done groups, split into this step's and the
     earlier steps'. A group is done when all of its samples in `work` finished (samples that
     finished in an earlier step are not in `work`; their tokens are not counted here)."""
-    left: dict[object, int] = {}
+    left: dict[Hashable, int] = {}
     for t, done in zip(work, r.done, strict=True):
         left[t.group] = left.get(t.group, 0) + (0 if done else 1)
     old = new = 0
