@@ -126,4 +126,10 @@ class ScoringLM(nn.Module):
         )
         hidden = out.last_hidden_state[rows, cols]  # [N, H]
         head = self.lm.get_output_embeddings()
-        return chunked_logprobs(hidden, head, targets, with_entropy, entropy_grad)
+        return chunked_logprobs(
+            hidden=hidden,
+            head=head,
+            targets=targets,
+            with_entropy=with_entropy,
+            entropy_grad=entropy_grad,
+        )

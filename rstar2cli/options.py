@@ -13,22 +13,26 @@ paper, 16 for `eval`). `--max-response-tokens` left out means the protocol's bud
 the model's context, with a warning (`budget_for_model`); given explicitly, a budget the model
 cannot hold is a one-line error.
 
-`rollout_options` adds them to a command (one list, in one place) and hands them over as one
-`RolloutArgs`, which builds what the rollout job needs from them: the
-agent and scheduler configs, the engine spec, and the settings a resumed run must share
-(`sample_settings`). What it does not do: run anything. Tested in tests/cli/test_bad_outputs.py,
-tests/unit/test_options.py and each command's integration test.
+Each option is one field of `RolloutArgs`, declared as `Annotated[type, typer.Option(...)]`:
+`rollout_options` turns the fields into a command's keyword parameters (with that command's
+defaults) and hands the parsed values over as one `RolloutArgs`, which builds what the rollout
+job needs from them: the agent and scheduler configs, the engine spec, the run's settings and
+those a resumed run must share (`run_settings`, `sample_settings`, from tuples of field names).
+Adding an option is adding a field. What it does not do: run anything, or compare a resumed
+run's settings (`rstar2cli.rollout.resume`). Tested in tests/unit/test_options.py,
+tests/cli/test_bad_outputs.py and each command's integration test.
 """
 
 from __future__ import annotations
 
+import copy
 import functools
 import inspect
-import json
+import typing
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import typer
 
@@ -50,212 +54,191 @@ FILTER_SAMPLES = 8
 
 ENGINE_KINDS = ("vllm", "hf")
 
-
-def samples_option(default: int, why: str) -> Any:
-    return typer.Option(default, "--samples", "-n", min=1, help=f"Rollouts per problem ({why}).")
-
-
-def temperature_option(default: float) -> Any:
-    return typer.Option(default, "--temperature", min=0.0, help="Sampling temperature (0: greedy).")
-
-
-def max_turns_option(default: int) -> Any:
-    return typer.Option(default, "--max-turns", min=1, help="Most model turns per trajectory.")
-
-
-def max_response_tokens_option(default: int) -> Any:
-    return typer.Option(
-        None,
-        "--max-response-tokens",
-        min=1,
-        show_default=False,
-        help=f"Response budget, model + tool tokens (default: {default}, clipped to the "
-        "model's context with a warning).",
-    )
-
-
 MODEL = typer.Option(..., "--model", metavar="CKPT", help="HF model folder (weights + tokenizer).")
-ENGINES = typer.Option(1, "--engines", min=1, help="Number of inference engines.")
-ENGINE = typer.Option("vllm", "--engine", metavar="KIND", help="Engine kind: vllm | hf.")
-SANDBOX = typer.Option(
-    None,
-    "--sandbox",
-    metavar="URL",
-    help="sandboxd URL (repeatable); none: an in-process sandbox.",
-)
-SANDBOX_TOKEN_FILE = typer.Option(
-    None,
-    "--sandbox-token-file",
-    metavar="PATH",
-    show_default=False,
-    help="File holding the --sandbox daemons' token (default: $RSTAR2_SANDBOX_TOKEN).",
-)
-RAY_ADDRESS = typer.Option(
-    None,
-    "--ray-address",
-    metavar="ADDR",
-    help="Run engines as Ray actors: 'local' or a cluster address (HEAD:6379).",
-)
-SCHEDULER = typer.Option(
-    SchedulerConfig.policy,
-    "--scheduler",
-    metavar="POLICY",
-    help="kv (KV-cache-aware) | static | least-requests.",
-)
-KV_MODE = typer.Option(
-    SchedulerConfig.kv_mode,
-    "--kv-mode",
-    metavar="MODE",
-    help="kv scheduler reservation: incremental (context + next step) | full (the paper's "
-    "prompt + max response) | per_turn.",
-)
-KV_OVERCOMMIT = typer.Option(
-    SchedulerConfig.kv_overcommit,
-    "--kv-overcommit",
-    min=1.0,
-    max=2.0,
-    help="incremental/per_turn: reserve up to this multiple of each engine's KV; 1.0 never "
-    "lets an engine preempt.",
-)
-ADMISSION = typer.Option(
-    SchedulerConfig.admission,
-    "--admission",
-    metavar="ORDER",
-    help="kv: the order new trajectories start in: data | predicted (longest predicted first, "
-    "from their prompt's siblings; slower than data order in benchmarks/scheduler_bench.py).",
-)
-TAIL_KV_FRACTION = typer.Option(
-    SchedulerConfig.tail_kv_fraction,
-    "--tail-kv-fraction",
-    metavar="F",
-    show_default=False,
-    help="kv incremental: move a trajectory predicted long, at its next tool call, to a tail "
-    "engine kept under this fraction of its KV (0 < F <= 1; default off, slower in "
-    "benchmarks/scheduler_bench.py).",
-)
-KV_CACHE_TOKENS = typer.Option(
-    None,
-    "--kv-cache-tokens",
-    min=1,
-    show_default=False,
-    help="KV cache per engine in tokens (default: on a GPU, what the engine's memory share "
-    f"leaves; else {DEFAULT_KV_CACHE_TOKENS}, or one whole trajectory if more).",
-)
-TENSOR_PARALLEL_SIZE = typer.Option(
-    1, "--tensor-parallel-size", min=1, help="GPUs per engine (vLLM tensor parallelism)."
-)
-SPECULATIVE = typer.Option(
-    None,
-    "--speculative",
-    metavar="METHOD:TOKENS[:MAX_BATCH]",
-    show_default=False,
-    help="vllm: speculative decoding without a draft model: ngram:K drafts up to K tokens a step "
-    "from the trajectory's own context while an engine's batch is at most MAX_BATCH (default 32; "
-    "the rollout's tail). The samples keep the model's distribution (CPU engines: at "
-    "temperature 0 only); the run prints the acceptance. Default: off.",
-)
-TOP_P = typer.Option(ROLLOUT.top_p, "--top-p", min=0.0, max=1.0, help="Nucleus sampling.")
-SEED = typer.Option(0, "--seed", help="Sampling seed (mixed with problem id, sample and turn).")
-TEMPLATE = typer.Option(
-    "paper", "--template", metavar="NAME", help="Prompt template: paper | release."
-)
-MAX_TOOL_OUTPUT_CHARS = typer.Option(
-    256,
-    "--max-tool-output-chars",
-    min=0,
-    help="Tool output kept per call (middle cut); 0 keeps all.",
-)
-TOOL_TIMEOUT = typer.Option(
-    ROLLOUT.tool_timeout_s, "--tool-timeout", help="Seconds one tool call may run (> 0)."
-)
 
 
-def rollout_options(
-    *, samples: int, samples_help: str, max_turns: int, max_response_tokens: int, temperature: float
-) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """Give a command the shared options, listed after its own, with this command's sample count
-    and sampling protocol as their defaults. The command takes them as one `args: RolloutArgs`
-    (`args.max_response_tokens` 0: not given; `fit_to_model` resolves it)."""
-    shared = [
-        ("samples", int, samples_option(samples, samples_help)),
-        ("engines", int, ENGINES),
-        ("engine", str, ENGINE),
-        ("sandbox", list[str] | None, SANDBOX),
-        ("sandbox_token_file", Path | None, SANDBOX_TOKEN_FILE),
-        ("ray_address", str | None, RAY_ADDRESS),
-        ("scheduler", str, SCHEDULER),
-        ("kv_mode", str, KV_MODE),
-        ("kv_overcommit", float, KV_OVERCOMMIT),
-        ("admission", str, ADMISSION),
-        ("tail_kv_fraction", float | None, TAIL_KV_FRACTION),
-        ("kv_cache_tokens", int | None, KV_CACHE_TOKENS),
-        ("tensor_parallel_size", int, TENSOR_PARALLEL_SIZE),
-        ("speculative", str | None, SPECULATIVE),
-        ("max_turns", int, max_turns_option(max_turns)),
-        ("max_response_tokens", int | None, max_response_tokens_option(max_response_tokens)),
-        ("temperature", float, temperature_option(temperature)),
-        ("top_p", float, TOP_P),
-        ("seed", int, SEED),
-        ("template", str, TEMPLATE),
-        ("max_tool_output_chars", int, MAX_TOOL_OUTPUT_CHARS),
-        ("tool_timeout_s", float, TOOL_TIMEOUT),
-    ]
-    kw = inspect.Parameter.KEYWORD_ONLY
-    params = [inspect.Parameter(n, kw, default=d, annotation=a) for n, a, d in shared]
+class _LeftOut:
+    """`Annotated` mark of an option that reads None when left out on the command line; its field
+    then keeps the dataclass default (no --sandbox: an empty list; no --max-response-tokens: 0,
+    which `fit_to_model` resolves)."""
 
-    def wrap(command: Callable[..., Any]) -> Callable[..., Any]:
-        own = [p for p in inspect.signature(command).parameters.values() if p.name != "args"]
 
-        @functools.wraps(command)
-        def run(**values: Any) -> Any:
-            picked = {p.name: values.pop(p.name) for p in params}
-            return command(**values, args=RolloutArgs.pick(picked))
-
-        # NOTE: Typer reads the options from this signature (the command's own, then these)
-        run.__signature__ = inspect.Signature([*own, *params])  # type: ignore[attr-defined]
-        return run
-
-    return wrap
+LEFT_OUT = _LeftOut()
 
 
 @dataclass(frozen=True)
 class RolloutArgs:
-    """The parsed shared options of one command."""
+    """The parsed shared options of one command; each field is one option, stated once.
 
-    samples: int
-    engines: int
-    engine: str
-    sandbox: list[str]
-    sandbox_token_file: Path | None  # never the token itself: that stays in the file
-    ray_address: str | None
-    scheduler: str
-    kv_mode: str
-    kv_overcommit: float
-    admission: str
-    tail_kv_fraction: float | None
-    kv_cache_tokens: int | None
-    max_turns: int
-    max_response_tokens: int  # resolved by `budget_for_model`
-    temperature: float
-    top_p: float
-    seed: int
-    template: str
-    max_tool_output_chars: int
-    tool_timeout_s: float
-    tensor_parallel_size: int
-    speculative: str | None
+    A field's `typer.Option` is its flag and help (`{why}` and `{budget}` in a help are filled
+    in per command by `rollout_options`), its default the option's default. The sample count,
+    `--max-turns` and `--temperature` take the command's own defaults instead (`rollout_options`).
+    Which settings a field is recorded in: `SAMPLE_FIELDS`, `UNRECORDED_FIELDS`, else `run_settings`.
+    """
+
+    samples: Annotated[
+        int, typer.Option("--samples", "-n", min=1, help="Rollouts per problem ({why}).")
+    ] = 1
+    engines: Annotated[
+        int, typer.Option("--engines", min=1, help="Number of inference engines.")
+    ] = 1
+    engine: Annotated[
+        str, typer.Option("--engine", metavar="KIND", help="Engine kind: vllm | hf.")
+    ] = "vllm"
+    sandbox: Annotated[
+        list[str],
+        typer.Option(
+            "--sandbox",
+            metavar="URL",
+            help="sandboxd URL (repeatable); none: an in-process sandbox.",
+        ),
+        LEFT_OUT,
+    ] = field(default_factory=list)
+    sandbox_token_file: Annotated[
+        Path | None,  # never the token itself: that stays in the file
+        typer.Option(
+            "--sandbox-token-file",
+            metavar="PATH",
+            show_default=False,
+            help="File holding the --sandbox daemons' token (default: $RSTAR2_SANDBOX_TOKEN).",
+        ),
+    ] = None
+    ray_address: Annotated[
+        str | None,
+        typer.Option(
+            "--ray-address",
+            metavar="ADDR",
+            help="Run engines as Ray actors: 'local' or a cluster address (HEAD:6379).",
+        ),
+    ] = None
+    scheduler: Annotated[
+        str,
+        typer.Option(
+            "--scheduler",
+            metavar="POLICY",
+            help="kv (KV-cache-aware) | static | least-requests.",
+        ),
+    ] = SchedulerConfig.policy
+    kv_mode: Annotated[
+        str,
+        typer.Option(
+            "--kv-mode",
+            metavar="MODE",
+            help="kv scheduler reservation: incremental (context + next step) | full (the "
+            "paper's prompt + max response) | per_turn.",
+        ),
+    ] = SchedulerConfig.kv_mode
+    kv_overcommit: Annotated[
+        float,
+        typer.Option(
+            "--kv-overcommit",
+            min=1.0,
+            max=2.0,
+            help="incremental/per_turn: reserve up to this multiple of each engine's KV; 1.0 "
+            "never lets an engine preempt.",
+        ),
+    ] = SchedulerConfig.kv_overcommit
+    admission: Annotated[
+        str,
+        typer.Option(
+            "--admission",
+            metavar="ORDER",
+            help="kv: the order new trajectories start in: data | predicted (longest predicted "
+            "first, from their prompt's siblings; slower than data order in "
+            "benchmarks/scheduler_bench.py).",
+        ),
+    ] = SchedulerConfig.admission
+    tail_kv_fraction: Annotated[
+        float | None,
+        typer.Option(
+            "--tail-kv-fraction",
+            metavar="F",
+            show_default=False,
+            help="kv incremental: move a trajectory predicted long, at its next tool call, to a "
+            "tail engine kept under this fraction of its KV (0 < F <= 1; default off, slower in "
+            "benchmarks/scheduler_bench.py).",
+        ),
+    ] = SchedulerConfig.tail_kv_fraction
+    kv_cache_tokens: Annotated[
+        int | None,
+        typer.Option(
+            "--kv-cache-tokens",
+            min=1,
+            show_default=False,
+            help="KV cache per engine in tokens (default: on a GPU, what the engine's memory "
+            f"share leaves; else {DEFAULT_KV_CACHE_TOKENS}, or one whole trajectory if more).",
+        ),
+    ] = None
+    tensor_parallel_size: Annotated[
+        int,
+        typer.Option(
+            "--tensor-parallel-size", min=1, help="GPUs per engine (vLLM tensor parallelism)."
+        ),
+    ] = 1
+    speculative: Annotated[
+        str | None,
+        typer.Option(
+            "--speculative",
+            metavar="METHOD:TOKENS[:MAX_BATCH]",
+            show_default=False,
+            help="vllm: speculative decoding without a draft model: ngram:K drafts up to K "
+            "tokens a step from the trajectory's own context while an engine's batch is at most "
+            "MAX_BATCH (default 32; the rollout's tail). The samples keep the model's "
+            "distribution (CPU engines: at temperature 0 only); the run prints the acceptance. "
+            "Default: off.",
+        ),
+    ] = None
+    max_turns: Annotated[
+        int, typer.Option("--max-turns", min=1, help="Most model turns per trajectory.")
+    ] = ROLLOUT.max_turns
+    max_response_tokens: Annotated[
+        int,
+        typer.Option(
+            "--max-response-tokens",
+            min=1,
+            show_default=False,
+            help="Response budget, model + tool tokens (default: {budget}, clipped to the "
+            "model's context with a warning).",
+        ),
+        LEFT_OUT,
+    ] = 0  # 0: left out; `fit_to_model` resolves it (`budget_for_model`)
+    temperature: Annotated[
+        float,
+        typer.Option("--temperature", min=0.0, help="Sampling temperature (0: greedy)."),
+    ] = ROLLOUT.temperature
+    top_p: Annotated[float, typer.Option("--top-p", min=0.0, max=1.0, help="Nucleus sampling.")] = (
+        ROLLOUT.top_p
+    )
+    seed: Annotated[
+        int,
+        typer.Option("--seed", help="Sampling seed (mixed with problem id, sample and turn)."),
+    ] = 0
+    template: Annotated[
+        str,
+        typer.Option("--template", metavar="NAME", help="Prompt template: paper | release."),
+    ] = "paper"
+    max_tool_output_chars: Annotated[
+        int,
+        typer.Option(
+            "--max-tool-output-chars",
+            min=0,
+            help="Tool output kept per call (middle cut); 0 keeps all.",
+        ),
+    ] = 256
+    tool_timeout_s: Annotated[
+        float,
+        typer.Option("--tool-timeout", help="Seconds one tool call may run (> 0)."),
+    ] = ROLLOUT.tool_timeout_s
 
     @classmethod
     def pick(cls, values: dict[str, Any]) -> RolloutArgs:
         """The shared options, by name, as the command line gave them."""
-        fields = dict(values)
-        fields["sandbox"] = list(fields["sandbox"] or [])
-        fields["max_response_tokens"] = fields["max_response_tokens"] or 0  # resolved later
-        return cls(**fields)
+        left_out = {name for name, hint in _hints().items() if LEFT_OUT in hint.__metadata__}
+        return cls(**{k: v for k, v in values.items() if v is not None or k not in left_out})
 
     def check(self) -> None:
         """Values the option parser cannot check; one-line errors before any work."""
-        from rstar2cli.agent.inputs import check_ray_address
+        from rstar2cli.preflight import check_ray_address
         from rstar2cli.protocol import render_prompt
 
         if self.engine not in ENGINE_KINDS:
@@ -280,9 +263,7 @@ class RolloutArgs:
     def sched_config(self, **extra: Any) -> SchedulerConfig:
         return scheduler_config(self, **extra)
 
-    def agent_config(self, seed_base: int) -> Any:
-        from rstar2cli.agent.loop import AgentConfig
-
+    def agent_config(self, seed_base: int) -> AgentConfig:
         return AgentConfig(
             max_turns=self.max_turns,
             max_response_tokens=self.max_response_tokens,
@@ -310,35 +291,84 @@ class RolloutArgs:
 
     def run_settings(self) -> dict[str, Any]:
         """Where and how it ran (free to change between a run and its resume)."""
-        return {
-            "samples": self.samples,
-            "engines": self.engines,
-            "engine": self.engine,
-            "sandbox": self.sandbox,
-            "ray_address": self.ray_address,
-            "scheduler": self.scheduler,
-            "kv_mode": self.kv_mode,
-            "kv_overcommit": self.kv_overcommit,
-            "admission": self.admission,
-            "tail_kv_fraction": self.tail_kv_fraction,
-            "kv_cache_tokens": self.kv_cache_tokens,
-            "tensor_parallel_size": self.tensor_parallel_size,
-            "speculative": self.speculative,
-        }
+        return {name: getattr(self, name) for name in RUN_FIELDS}
 
     def sample_settings(self, model: str) -> dict[str, Any]:
         """What a sample means: a resumed run must match these exactly."""
-        return {
-            "model": model,
-            "template": self.template,
-            "temperature": self.temperature,
-            "top_p": self.top_p,
-            "max_turns": self.max_turns,
-            "max_response_tokens": self.max_response_tokens,
-            "max_tool_output_chars": self.max_tool_output_chars,
-            "tool_timeout_s": self.tool_timeout_s,
-            "seed": self.seed,
-        }
+        return {"model": model, **{name: getattr(self, name) for name in SAMPLE_FIELDS}}
+
+
+# what a sample means (`sample_settings`), in the order a mismatch is reported
+SAMPLE_FIELDS = (
+    "template",
+    "temperature",
+    "top_p",
+    "max_turns",
+    "max_response_tokens",
+    "max_tool_output_chars",
+    "tool_timeout_s",
+    "seed",
+)
+# recorded in neither: a path on this machine
+UNRECORDED_FIELDS = ("sandbox_token_file",)
+# every other field: where and how it ran (`run_settings`)
+RUN_FIELDS = tuple(
+    f.name for f in fields(RolloutArgs) if f.name not in SAMPLE_FIELDS + UNRECORDED_FIELDS
+)
+
+
+@functools.cache
+def _hints() -> dict[str, Any]:
+    """RolloutArgs' field annotations, evaluated: `Annotated[type, typer.Option, marks...]`."""
+    return typing.get_type_hints(RolloutArgs, include_extras=True)
+
+
+def option_parameters(
+    defaults: dict[str, Any], help_values: dict[str, str]
+) -> list[inspect.Parameter]:
+    """The RolloutArgs fields as a command's keyword parameters, as Typer reads them:
+    `defaults` replace the fields' defaults by name, `help_values` fill the helps' `{...}`."""
+    params = []
+    for f in fields(RolloutArgs):
+        base, option, *marks = typing.get_args(_hints()[f.name])
+        option = copy.copy(option)
+        option.help = option.help.format(**help_values)
+        default = None if LEFT_OUT in marks else defaults.get(f.name, f.default)
+        params.append(
+            inspect.Parameter(
+                f.name,
+                inspect.Parameter.KEYWORD_ONLY,
+                default=default,
+                annotation=Annotated[base, option],
+            )
+        )
+    return params
+
+
+def rollout_options(
+    *, samples: int, samples_help: str, max_turns: int, max_response_tokens: int, temperature: float
+) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Give a command the shared options (the RolloutArgs fields), listed after its own, with this
+    command's sample count and sampling protocol as their defaults. The command takes them as one
+    `args: RolloutArgs` (`args.max_response_tokens` 0: left out; `fit_to_model` resolves it)."""
+    params = option_parameters(
+        defaults={"samples": samples, "max_turns": max_turns, "temperature": temperature},
+        help_values={"why": samples_help, "budget": str(max_response_tokens)},
+    )
+
+    def wrap(command: Callable[..., Any]) -> Callable[..., Any]:
+        own = [p for p in inspect.signature(command).parameters.values() if p.name != "args"]
+
+        @functools.wraps(command)
+        def run(**values: Any) -> Any:
+            picked = {p.name: values.pop(p.name) for p in params}
+            return command(**values, args=RolloutArgs.pick(picked))
+
+        # NOTE: Typer reads the options from this signature (the command's own, then these)
+        run.__signature__ = inspect.Signature([*own, *params])  # type: ignore[attr-defined]
+        return run
+
+    return wrap
 
 
 @dataclass(frozen=True)
@@ -352,6 +382,7 @@ class Fitted:
 
 
 def fit_to_model(
+    *,
     console: Any,
     name: str,
     model: Path | str,
@@ -368,106 +399,19 @@ def fit_to_model(
     from transformers import AutoTokenizer
 
     from rstar2cli.agent.loop import longest_prompt_tokens
+    from rstar2cli.preflight import budget_for_model, model_context_tokens
 
     tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_path))
-    longest = longest_prompt_tokens(questions, tokenizer, args.template)
+    longest = longest_prompt_tokens(
+        questions=questions, tokenizer=tokenizer, template=args.template
+    )
     budget = budget_for_model(
-        requested,
-        default,
-        longest,
-        model_context_tokens(model),
-        lambda msg: console.print(f"[yellow]{name}: {msg}[/]"),
+        requested=requested,
+        default=default,
+        longest_prompt=longest,
+        context=model_context_tokens(model),
+        warn=lambda msg: console.print(f"[yellow]{name}: {msg}[/]"),
     )
     args = dataclasses.replace(args, max_response_tokens=budget)
     args.engine_spec(model).check_fits(longest + budget)
-    return Fitted(tokenizer, args, longest + budget)
-
-
-def model_context_tokens(model: Path | str) -> int | None:
-    """The longest sequence the model was built for (`max_position_embeddings`), if it says."""
-    try:
-        config = json.loads((Path(model) / "config.json").read_text())
-    except (OSError, json.JSONDecodeError):
-        return None
-    config = config.get("text_config", config)
-    value = config.get("max_position_embeddings")
-    return int(value) if isinstance(value, int) and value > 0 else None
-
-
-def budget_for_model(
-    requested: int | None, default: int, longest_prompt: int, context: int | None, warn: Any
-) -> int:
-    """The response budget: `requested`, or `default` clipped to what the model's context leaves
-    after the longest prompt (`warn` is told). One-line error when nothing fits."""
-    if context is None:
-        return requested or default
-    room = context - longest_prompt
-    if room < 1:
-        raise UserError(
-            f"the longest prompt ({longest_prompt} tokens) does not fit the model's context "
-            f"({context} tokens, max_position_embeddings)"
-        )
-    if requested is not None:
-        if requested > room:
-            raise UserError(
-                f"--max-response-tokens {requested} + the longest prompt ({longest_prompt}) = "
-                f"{requested + longest_prompt} tokens exceeds the model's context of {context} "
-                f"(max_position_embeddings); use --max-response-tokens {room} or less"
-            )
-        return requested
-    if default > room:
-        warn(
-            f"response budget {default} clipped to {room} tokens: the model's context is "
-            f"{context} and the longest prompt {longest_prompt}"
-        )
-        return room
-    return default
-
-
-def model_fingerprint(model: Path | str) -> str:
-    """The model folder, resolved, with its weights' sizes and times: a changed or retrained
-    model in the same folder makes a resumed run refuse to mix samples."""
-    folder = Path(model).resolve()
-    parts = [str(folder)]
-    for f in sorted(folder.glob("*.safetensors")) + sorted(folder.glob("*.bin")):
-        st = f.stat()
-        parts.append(f"{f.name}:{st.st_size}:{int(st.st_mtime)}")
-    return "|".join(parts)
-
-
-def start_run_state(
-    stats_path: Path, settings: dict[str, Any], run: dict[str, Any], num_done: int, what: str
-) -> None:
-    """Before a resumable run: refuse (one line) when the `num_done` records already in `what`
-    were made with other sample settings, then record this run's settings in `stats_path` (the
-    statistics join them at the end)."""
-    from rstar2cli.fileio import write_json_atomic
-
-    if num_done:
-        earlier = read_run_state(stats_path).get("settings")
-        check_same_settings(earlier, settings, what, "use another --out, or the same settings")
-    write_json_atomic(stats_path, {"settings": settings, "run": run})
-
-
-def read_run_state(stats_path: Path) -> dict[str, Any]:
-    try:
-        state = json.loads(stats_path.read_text())
-    except (OSError, json.JSONDecodeError):
-        return {}
-    return state if isinstance(state, dict) else {}
-
-
-def check_same_settings(
-    earlier: dict[str, Any] | None, now: dict[str, Any], where: str, fix: str
-) -> None:
-    """Refuse (one line) to add samples made with other settings to `where`."""
-    if not earlier:
-        return
-    for key, value in now.items():
-        if key in earlier and earlier[key] != value:
-            old, new = earlier[key], value
-            if key == "model":  # a fingerprint: show the folder
-                old, new = str(old).split("|")[0], str(new).split("|")[0]
-                if old == new:
-                    old, new = "an earlier version of it", "changed weights"
-            raise UserError(f"{where} was made with {key}={old}, now {new}: {fix}")
+    return Fitted(tokenizer=tokenizer, args=args, max_model_len=longest + budget)

@@ -61,68 +61,72 @@ def plan_steps(out: Path, s: QuickstartSettings) -> list[Step]:
     sources = f"data.sources=[{{path: {train}, format: arith}}]"
 
     def eval_step(label: str, model: Path) -> Step:
-        argv = [
-            "eval", "--model", str(model), "--data", str(test), "--sandbox", SANDBOX_URL_VAR,
-            "--limit", str(s.eval_problems), "--samples", str(s.eval_samples),
-            "--temperature", str(s.eval_temperature),
-            "--max-turns", str(s.eval_max_turns),
-            "--max-response-tokens", str(s.eval_max_response_tokens),
-            "--seed", str(s.seed), "--out", str(eval_dir), "--label", label,
-        ]  # fmt: skip
-        return Step(f"eval-{label}", argv, eval_dir / f".done-{label}")
+        options = [
+            ("--model", model),
+            ("--data", test),
+            ("--sandbox", SANDBOX_URL_VAR),
+            ("--limit", s.eval_problems),
+            ("--samples", s.eval_samples),
+            ("--temperature", s.eval_temperature),
+            ("--max-turns", s.eval_max_turns),
+            ("--max-response-tokens", s.eval_max_response_tokens),
+            ("--seed", s.seed),
+            ("--out", eval_dir),
+            ("--label", label),
+        ]
+        return Step(
+            name=f"eval-{label}",
+            argv=_argv("eval", options),
+            done_marker=eval_dir / f".done-{label}",
+        )
 
+    own_model = [] if s.model is None else [("--set", f"model={s.model}")]
     return [
         Step(
-            "prepare-data",
-            [
+            name="prepare-data",
+            argv=_argv(
                 "prepare-data",
-                "--synthetic",
-                "arith",
-                "--num",
-                str(s.num_problems),
-                "--seed",
-                str(s.seed),
-                "--out",
-                str(train),
-            ],
-            test,
-        ),  # fmt: skip
+                [
+                    ("--synthetic", "arith"),
+                    ("--num", s.num_problems),
+                    ("--seed", s.seed),
+                    ("--out", train),
+                ],
+            ),
+            done_marker=test,
+        ),
         Step(
-            "sft-coldstart",
-            [
+            name="sft-coldstart",
+            argv=_argv(
                 "sft-coldstart",
-                "--recipe",
-                str(s.recipes_dir / "sft.yaml"),
-                "--out",
-                str(sft_dir),
-                "--set",
-                sources,
-                *([] if s.model is None else ["--set", f"model={s.model}"]),
-            ],
-            sft_dir / "final" / "config.json",
-        ),  # fmt: skip
+                [("--recipe", s.recipes_dir / "sft.yaml"), ("--out", sft_dir), ("--set", sources)]
+                + own_model,
+            ),
+            done_marker=sft_dir / "final" / "config.json",
+        ),
         eval_step("sft", sft_dir / "final"),
         Step(
-            "rl-stage",
-            [
+            name="rl-stage",
+            argv=_argv(
                 "rl-stage",
-                "--recipe",
-                str(s.recipes_dir / "rl.yaml"),
-                "--out",
-                str(rl_dir),
-                "--init-from",
-                str(sft_dir / "final"),
-                "--sandbox",
-                SANDBOX_URL_VAR,
-                "--set",
-                f"data.train={train}",
-                "--set",
-                f"data.eval={test}",
-            ],
-            rl_dir / "final" / "config.json",
-        ),  # fmt: skip
+                [
+                    ("--recipe", s.recipes_dir / "rl.yaml"),
+                    ("--out", rl_dir),
+                    ("--init-from", sft_dir / "final"),
+                    ("--sandbox", SANDBOX_URL_VAR),
+                    ("--set", f"data.train={train}"),
+                    ("--set", f"data.eval={test}"),
+                ],
+            ),
+            done_marker=rl_dir / "final" / "config.json",
+        ),
         eval_step("rl", rl_dir / "final"),
     ]
+
+
+def _argv(verb: str, options: list[tuple[str, Any]]) -> list[str]:
+    """`rstar2 VERB --flag value ...` as its argument list, each value as text."""
+    return [verb, *(str(part) for option in options for part in option)]
 
 
 # the line in pipeline.sh that marks a folder as a quickstart's own (`quickstart --fresh` deletes

@@ -154,43 +154,69 @@ def parse_tool_call(inner: str, closed: bool = True) -> ToolCall:
     except json.JSONDecodeError as exc:
         what = "unterminated tool call" if not closed else "invalid JSON in tool call"
         return ToolCall(
-            None, "", "", f"Error: {what}: {exc.msg} (line {exc.lineno} column {exc.colno})", raw
+            name=None,
+            code="",
+            stdin="",
+            error=f"Error: {what}: {exc.msg} (line {exc.lineno} column {exc.colno})",
+            raw=raw,
         )
     if not isinstance(obj, dict):
         return ToolCall(
-            None,
-            "",
-            "",
-            "Error: a tool call must be a JSON object with 'name' and 'arguments'",
-            raw,
+            name=None,
+            code="",
+            stdin="",
+            error="Error: a tool call must be a JSON object with 'name' and 'arguments'",
+            raw=raw,
         )
     name = obj.get("name")
     if name != TOOL_NAME:
         return ToolCall(
-            str(name) if name is not None else None,
-            "",
-            "",
-            f"Error: unknown tool {name!r}; the only tool is {TOOL_NAME}",
-            raw,
+            name=str(name) if name is not None else None,
+            code="",
+            stdin="",
+            error=f"Error: unknown tool {name!r}; the only tool is {TOOL_NAME}",
+            raw=raw,
         )
     args = obj.get("arguments", obj.get("parameters"))
     if isinstance(args, str):  # OpenAI style: arguments as a JSON string
         try:
             args = json.loads(args)
         except json.JSONDecodeError as exc:
-            return ToolCall(name, "", "", f"Error: arguments are not valid JSON: {exc.msg}", raw)
+            return ToolCall(
+                name=name,
+                code="",
+                stdin="",
+                error=f"Error: arguments are not valid JSON: {exc.msg}",
+                raw=raw,
+            )
     if not isinstance(args, dict):
         return ToolCall(
-            name, "", "", "Error: 'arguments' must be a JSON object with a 'code' field", raw
+            name=name,
+            code="",
+            stdin="",
+            error="Error: 'arguments' must be a JSON object with a 'code' field",
+            raw=raw,
         )
     code, stdin = args.get("code"), args.get("input", "")
     if not isinstance(code, str) or not code.strip():
-        return ToolCall(name, "", "", "Error: missing required argument 'code' (a string)", raw)
+        return ToolCall(
+            name=name,
+            code="",
+            stdin="",
+            error="Error: missing required argument 'code' (a string)",
+            raw=raw,
+        )
     if stdin is None:
         stdin = ""
     if not isinstance(stdin, str):
-        return ToolCall(name, code, "", "Error: argument 'input' must be a string", raw)
-    return ToolCall(name, code, stdin, None, raw)
+        return ToolCall(
+            name=name,
+            code=code,
+            stdin="",
+            error="Error: argument 'input' must be a string",
+            raw=raw,
+        )
+    return ToolCall(name=name, code=code, stdin=stdin, error=None, raw=raw)
 
 
 def parse_tool_calls(turn_text: str, max_calls: int = 1) -> list[ToolCall]:

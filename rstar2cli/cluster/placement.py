@@ -234,7 +234,11 @@ def plan_bundles(
     0: engines only (rollout, eval, filter-hard)."""
     if colocate:
         return _colocated_plan(
-            num_engines, tensor_parallel_size, num_trainer_ranks, has_gpus, num_cpus_per_actor
+            num_engines=num_engines,
+            tp=tensor_parallel_size,
+            num_trainer_ranks=num_trainer_ranks,
+            has_gpus=has_gpus,
+            cpus=num_cpus_per_actor,
         )
     tp, cpus = tensor_parallel_size, num_cpus_per_actor
     engine_gpus = float(tp) if has_gpus else 0.0

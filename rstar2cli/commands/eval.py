@@ -15,7 +15,8 @@ on `EndpointEngine`s (`--endpoint`, any OpenAI-compatible server), appending gra
 `--out/results.jsonl` (fsynced per batch). Rerunning skips (label, benchmark, id, sample) already
 there; Ctrl-C keeps what finished and exits 130. At the end every label in results.jsonl is
 summarised into `summary.json`, one rich table per benchmark, and `eval.png` (avg@n per benchmark
-per label).
+per label): `rstar2cli.eval.results` reads, merges and writes the two files, and
+`rstar2cli.eval.eval_report` turns the rows into summaries, tables and the plot.
 
 `--grade-only IN.jsonl --out OUT.jsonl` grades existing responses instead
 (`rstar2cli.reward.grade_file`) and prints the accuracy; an existing OUT needs `--force`.
@@ -33,10 +34,60 @@ import typer
 
 from rstar2cli import options as O
 from rstar2cli.errors import UserError
+from rstar2cli.eval.results import RESULTS
 
-RESULTS = "results.jsonl"
-SUMMARY = "summary.json"
-PLOT = "eval.png"
+BENCHMARK = typer.Option(
+    None,
+    "--benchmark",
+    metavar="NAME",
+    help="Known set (repeatable): aime24, aime25, hmmt25, math500, gsm8k, amc23, gpqa-diamond.",
+)
+DATA = typer.Option(
+    None,
+    "--data",
+    metavar="PATH",
+    help="Local .jsonl/.json/.parquet in any schema prepare-data reads (repeatable).",
+)
+MODEL = typer.Option(
+    None, "--model", metavar="CKPT", help="HF model folder to run on local engines."
+)
+ENDPOINT = typer.Option(
+    None,
+    "--endpoint",
+    metavar="URL",
+    help="OpenAI-compatible server (e.g. `vllm serve`) instead of --model (repeatable).",
+)
+TOKENIZER = typer.Option(
+    None,
+    "--tokenizer",
+    help="With --endpoint: tokenizer folder (default: the served model id).",
+)
+K = typer.Option(
+    None, "--k", metavar="K", help="k for pass@k and maj@k (repeatable; default: --samples)."
+)
+MAX_IN_FLIGHT = typer.Option(
+    64, "--max-in-flight", min=1, help="With --endpoint: most concurrent requests per server."
+)
+OUT = typer.Option(
+    None,
+    "--out",
+    help="Output folder (results.jsonl, summary.json, eval.png); OUT.jsonl with --grade-only.",
+)
+LABEL = typer.Option(
+    None,
+    "--label",
+    help="Name of this checkpoint in the results (default: the model folder name).",
+)
+LIMIT = typer.Option(
+    None, "--limit", min=1, help="Evaluate only the first N problems of each benchmark."
+)
+GRADE_ONLY = typer.Option(
+    None,
+    "--grade-only",
+    metavar="IN.jsonl",
+    help="Grade existing responses (fields response, answer) into --out OUT.jsonl; no model.",
+)
+FORCE = typer.Option(False, "--force", help="With --grade-only: overwrite an existing OUT.jsonl.")
 
 
 @O.rollout_options(
@@ -47,60 +98,18 @@ PLOT = "eval.png"
     temperature=O.EVAL_TEMPERATURE,
 )
 def eval_cmd(
-    benchmark: list[str] | None = typer.Option(
-        None,
-        "--benchmark",
-        metavar="NAME",
-        help="Known set (repeatable): aime24, aime25, hmmt25, math500, gsm8k, amc23, gpqa-diamond.",
-    ),
-    data: list[Path] | None = typer.Option(
-        None,
-        "--data",
-        metavar="PATH",
-        help="Local .jsonl/.json/.parquet in any schema prepare-data reads (repeatable).",
-    ),
-    model: Path | None = typer.Option(
-        None, "--model", metavar="CKPT", help="HF model folder to run on local engines."
-    ),
-    endpoint: list[str] | None = typer.Option(
-        None,
-        "--endpoint",
-        metavar="URL",
-        help="OpenAI-compatible server (e.g. `vllm serve`) instead of --model (repeatable).",
-    ),
-    tokenizer: Path | None = typer.Option(
-        None,
-        "--tokenizer",
-        help="With --endpoint: tokenizer folder (default: the served model id).",
-    ),
-    k: list[int] | None = typer.Option(
-        None, "--k", metavar="K", help="k for pass@k and maj@k (repeatable; default: --samples)."
-    ),
-    max_in_flight: int = typer.Option(
-        64, "--max-in-flight", min=1, help="With --endpoint: most concurrent requests per server."
-    ),
-    out: Path | None = typer.Option(
-        None,
-        "--out",
-        help="Output folder (results.jsonl, summary.json, eval.png); OUT.jsonl with --grade-only.",
-    ),
-    label: str | None = typer.Option(
-        None,
-        "--label",
-        help="Name of this checkpoint in the results (default: the model folder name).",
-    ),
-    limit: int | None = typer.Option(
-        None, "--limit", min=1, help="Evaluate only the first N problems of each benchmark."
-    ),
-    grade_only: Path | None = typer.Option(
-        None,
-        "--grade-only",
-        metavar="IN.jsonl",
-        help="Grade existing responses (fields response, answer) into --out OUT.jsonl; no model.",
-    ),
-    force: bool = typer.Option(
-        False, "--force", help="With --grade-only: overwrite an existing OUT.jsonl."
-    ),
+    benchmark: list[str] | None = BENCHMARK,
+    data: list[Path] | None = DATA,
+    model: Path | None = MODEL,
+    endpoint: list[str] | None = ENDPOINT,
+    tokenizer: Path | None = TOKENIZER,
+    k: list[int] | None = K,
+    max_in_flight: int = MAX_IN_FLIGHT,
+    out: Path | None = OUT,
+    label: str | None = LABEL,
+    limit: int | None = LIMIT,
+    grade_only: Path | None = GRADE_ONLY,
+    force: bool = FORCE,
     *,
     args: O.RolloutArgs,
 ) -> None:
@@ -111,42 +120,71 @@ def eval_cmd(
     if grade_only is not None:
         if benchmark or data or model or endpoint:
             raise UserError("--grade-only takes no --benchmark/--data/--model/--endpoint")
-        _grade_only(console, grade_only, out, force)
+        _grade_only(console=console, in_path=grade_only, out=out, force=force)
         return
     args.check()
-    if endpoint and args.speculative:
-        raise UserError(
-            "--speculative is for the engines eval starts; an --endpoint server decodes as it "
-            "was started"
-        )
     ks = sorted(set(k or [args.samples]))
-    from rstar2cli.eval.plan import Plan
+    from rstar2cli.preflight import EvalPlan
 
-    plan = Plan.check(
-        benchmark or [], data or [], model, endpoint or [], tokenizer, args.sandbox, args.engine, out,
-        ks, args.samples, sandbox_token_file=args.sandbox_token_file,
-    )  # fmt: skip
+    plan = EvalPlan.check(
+        names=benchmark or [],
+        files=data or [],
+        model=model,
+        endpoints=endpoint or [],
+        tokenizer=tokenizer,
+        out=out,
+        ks=ks,
+        args=args,
+    )
     if limit is not None:
         for bench in plan.benchmarks:
             bench.problems = bench.problems[:limit]
     label = label or plan.default_label
-    from rstar2cli.eval.results import pending_items
+    _evaluate(
+        console=console, plan=plan, args=args, label=label, ks=ks, max_in_flight=max_in_flight
+    )
 
-    items, owner = pending_items(plan.benchmarks, args.samples, plan.out / RESULTS, label)
+
+def _evaluate(
+    *, console: Any, plan: Any, args: O.RolloutArgs, label: str, ks: list[int], max_in_flight: int
+) -> None:
+    """Run what `label` still lacks of the plan's samples, then summarise every label."""
+    from rstar2cli.eval import eval_report as R
+    from rstar2cli.eval.results import pending_items, record_settings
+
+    items, owner = pending_items(
+        benchmarks=plan.benchmarks, n=args.samples, results=plan.out / RESULTS, label=label
+    )
     fit = None
     if items:
         fit = O.fit_to_model(
-            console, "eval", plan.model or plan.tokenizer_path, plan.tokenizer_path, args,
-            [i["question"] for i in items], args.max_response_tokens or None, O.EVAL_MAX_RESPONSE_TOKENS,
-        )  # fmt: skip
+            console=console,
+            name="eval",
+            model=plan.model or plan.tokenizer_path,
+            tokenizer_path=plan.tokenizer_path,
+            args=args,
+            questions=[i["question"] for i in items],
+            requested=args.max_response_tokens or None,
+            default=O.EVAL_MAX_RESPONSE_TOKENS,
+        )
         args = fit.args
-    settings = _settings(plan, args, label, ks, args.max_response_tokens or None)
-    _record_settings(plan.out, label, settings)
-    _print_plan(console, plan, settings, len(items))
+    settings = _settings(
+        plan=plan, args=args, label=label, ks=ks, requested=args.max_response_tokens or None
+    )
+    record_settings(out=plan.out, label=label, settings=settings)
+    R.print_plan(console=console, plan=plan, settings=settings, num_pending=len(items))
     if fit is not None:
         cap = max_in_flight if plan.endpoints else None
-        _run(console, plan, items, owner, label, args.sched_config(max_active_per_engine=cap), fit)
-    _report(console, plan.out, label, settings, ks)
+        _run(
+            console=console,
+            plan=plan,
+            items=items,
+            owner=owner,
+            label=label,
+            sched=args.sched_config(max_active_per_engine=cap),
+            fit=fit,
+        )
+    R.report(console=console, out=plan.out, label=label, settings=settings, ks=ks)
 
 
 def _settings(
@@ -154,11 +192,12 @@ def _settings(
 ) -> dict[str, Any]:
     """Everything about this label's run; the sample-defining part must match earlier results
     of the label (`check_same_settings`, one line otherwise)."""
-    from rstar2cli.eval.plan import earlier_settings
+    from rstar2cli.eval.results import earlier_settings
+    from rstar2cli.rollout.resume import check_same_settings, model_fingerprint
 
     earlier = earlier_settings(plan.out, label)
     if plan.model is not None:
-        source = O.model_fingerprint(plan.model)
+        source = model_fingerprint(plan.model)
     else:
         source = "endpoint " + " ".join(e.model_id for e in plan.endpoints)
     if args.max_response_tokens == 0:  # nothing runs now: keep what the label ran with
@@ -167,8 +206,11 @@ def _settings(
 
         args = dataclasses.replace(args, max_response_tokens=budget or O.EVAL_MAX_RESPONSE_TOKENS)
     sample = args.sample_settings(source)
-    O.check_same_settings(
-        earlier, sample, f"label {label!r} in {plan.out}", "use another --label or --out"
+    check_same_settings(
+        earlier=earlier,
+        now=sample,
+        where=f"label {label!r} in {plan.out}",
+        fix="use another --label or --out",
     )
     return {
         "label": label,
@@ -178,51 +220,6 @@ def _settings(
         "endpoint": [e.base_url for e in plan.endpoints],
         "benchmarks": [b.name for b in plan.benchmarks],
     }
-
-
-def _record_settings(out: Path, label: str, settings: dict[str, Any]) -> None:
-    """The label's settings go into summary.json before anything runs, so an interrupted run's
-    results are still checked against them on the next run."""
-    from rstar2cli.fileio import write_json_atomic
-
-    doc = _read_summary(out)
-    doc.setdefault("labels", {}).setdefault(label, {})["settings"] = settings
-    write_json_atomic(out / SUMMARY, doc)
-
-
-def _read_summary(out: Path) -> dict[str, Any]:
-    import json
-
-    try:
-        doc = json.loads((out / SUMMARY).read_text())
-    except (OSError, json.JSONDecodeError):
-        return {"labels": {}}
-    return doc if isinstance(doc, dict) and isinstance(doc.get("labels"), dict) else {"labels": {}}
-
-
-def _print_plan(console: Any, plan: Any, settings: dict, num_pending: int) -> None:
-    where = (
-        f"model {plan.model} ({settings['engines']} x {settings['engine']})"
-        if plan.model
-        else f"endpoint {', '.join(settings['endpoint'])}"
-    )
-    from rich.markup import escape
-
-    console.print(
-        f"eval [bold]{escape(settings['label'])}[/]: {escape(where)}; "
-        f"{settings['samples']} samples/problem, temperature {settings['temperature']}, "
-        f"max {settings['max_turns']} turns, {settings['max_response_tokens']} response tokens, "
-        f"k={settings['k']}, seed {settings['seed']}; "
-        f"sandbox {', '.join(plan.sandbox_urls) or 'in-process'}"
-    )
-    for b in plan.benchmarks:
-        skipped = (
-            f" ({b.num_skipped} unusable rows skipped; first: {b.first_skip})"
-            if b.num_skipped
-            else ""
-        )
-        console.print(f"  {b.name}: {len(b.problems)} problems from {b.source}{skipped}")
-    console.print(f"  {num_pending} trajectories to run -> {plan.out / RESULTS}")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -242,10 +239,20 @@ def _start_engines(plan: Any, fit: Any) -> list[Any]:
     return fit.args.engine_spec(plan.model).start(max_model_len=fit.max_model_len)
 
 
-def _run(console, plan, items, owner, label, sched, fit) -> None:
+def _run(
+    *,
+    console: Any,
+    plan: Any,
+    items: list[dict[str, Any]],
+    owner: dict[str, str],
+    label: str,
+    sched: Any,
+    fit: O.Fitted,
+) -> None:
+    from rstar2cli.records import GradedRecord
     from rstar2cli.rollout.jobs import run_command_job
 
-    def decorate(record: dict[str, Any]) -> dict[str, Any]:
+    def decorate(record: GradedRecord) -> GradedRecord:
         return {
             "label": label,
             "benchmark": owner[record["id"]],
@@ -254,14 +261,14 @@ def _run(console, plan, items, owner, label, sched, fit) -> None:
         }
 
     stats, sink = run_command_job(
-        "eval",
-        console,
-        plan.out / RESULTS,
-        items,
-        fit,
-        lambda: _start_engines(plan, fit),
-        plan.sandbox_urls,
-        sched,
+        name="eval",
+        console=console,
+        out=plan.out / RESULTS,
+        items=items,
+        fit=fit,
+        start_engines=lambda: _start_engines(plan, fit),
+        tool_urls=plan.sandbox_urls,
+        sched_config=sched,
         decorate=decorate,
     )
     console.print(
@@ -271,39 +278,7 @@ def _run(console, plan, items, owner, label, sched, fit) -> None:
     )
 
 
-# ---------------------------------------------------------------------------------------------
-# reporting
-
-
-def _report(console: Any, out: Path, label: str, settings: dict, ks: list[int]) -> None:
-    from rstar2cli.eval import eval_report as R
-    from rstar2cli.eval.results import check_answer_pairs
-    from rstar2cli.fileio import read_jsonl_if_exists, write_json_atomic
-
-    rows = read_jsonl_if_exists(out / RESULTS)
-    if not rows:
-        raise UserError(f"no results in {out / RESULTS}")
-    grouped = R.group_rows(rows)
-    labels = list(dict.fromkeys(lab for lab, _ in grouped))
-    summaries = R.summarize_all(
-        grouped, ks, R.lookup_equivalence(check_answer_pairs(R.majority_pairs(grouped)))
-    )
-    earlier = _read_summary(out)["labels"]
-    doc: dict[str, Any] = {"labels": {}}
-    for lab in dict.fromkeys([*earlier, *labels]):
-        lab_settings = settings if lab == label else earlier.get(lab, {}).get("settings")
-        doc["labels"][lab] = {
-            "settings": lab_settings,
-            "benchmarks": {b: s.to_dict() for (lb, b), s in summaries.items() if lb == lab},
-        }
-    write_json_atomic(out / SUMMARY, doc)
-    for table in R.render_tables(summaries, labels):
-        console.print(table)
-    R.plot_accuracy(summaries, labels, out / PLOT)
-    console.print(f"wrote {out / SUMMARY} and {out / PLOT}")
-
-
-def _grade_only(console: Any, in_path: Path, out: Path | None, force: bool) -> None:
+def _grade_only(*, console: Any, in_path: Path, out: Path | None, force: bool) -> None:
     from rstar2cli.fileio import check_output_path, refuse_overwrite
     from rstar2cli.reward.grade_file import grade_file
 

@@ -27,6 +27,7 @@ import typer
 
 from rstar2cli import options as O
 from rstar2cli.errors import UserError
+from rstar2cli.records import GradedRecord
 
 
 @O.rollout_options(
@@ -49,16 +50,55 @@ def filter_hard(
     """Sample k rollouts per problem with a checkpoint; keep the problems it does not solve k/k."""
     from rich.console import Console
 
-    from rstar2cli.agent.inputs import check_model_folder, check_sandboxes, load_problems
-    from rstar2cli.fileio import (
-        check_output_path,
-        read_jsonl_if_exists,
-        read_records,
-        refuse_overwrite,
-    )
+    from rstar2cli.fileio import read_jsonl_if_exists
     from rstar2cli.rollout.jobs import make_items
+    from rstar2cli.rollout.resume import model_fingerprint, start_run_state
 
     console = Console(highlight=False)
+    paths = _paths(out)
+    problems, rows = _check_inputs(model=model, data=data, out=out, force=force, args=args)
+    fit = O.fit_to_model(
+        console=console,
+        name="filter-hard",
+        model=model,
+        tokenizer_path=model,
+        args=args,
+        questions=[p["question"] for p in problems],
+        requested=args.max_response_tokens or None,
+        default=O.FILTER_MAX_RESPONSE_TOKENS,
+    )
+    args = fit.args
+    if force:
+        for path in (paths["samples"], paths["stats"]):
+            path.unlink(missing_ok=True)
+    done_rows = read_jsonl_if_exists(paths["samples"])
+    done = {(str(r["id"]), int(r["sample"])) for r in done_rows}
+    start_run_state(
+        stats_path=paths["stats"],
+        settings=args.sample_settings(model_fingerprint(model)),
+        run=args.run_settings(),
+        num_done=len(done),
+        what=str(paths["samples"]),
+    )
+    items = make_items(problems=problems, num_samples=args.samples, done=done)
+    if items:
+        if done:
+            console.print(f"filter-hard: resuming: {len(done)} samples already graded")
+        _sample(console=console, model=model, fit=fit, items=items, paths=paths)
+    sample_rows = read_jsonl_if_exists(paths["samples"])
+    counts = _count(problems=problems, sample_rows=sample_rows, samples=args.samples)
+    _write(rows=rows, problems=problems, counts=counts, samples=args.samples, out=out)
+    _print_histogram(console=console, counts=counts, samples=args.samples, out=out)
+
+
+def _check_inputs(
+    *, model: Path, data: Path, out: Path, force: bool, args: O.RolloutArgs
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Every check before the model loads (one line each); the problems and the input rows."""
+    from rstar2cli.data.loading import load_problems
+    from rstar2cli.fileio import check_output_path, read_records, refuse_overwrite
+    from rstar2cli.preflight import check_model_folder, check_sandboxes
+
     if out.suffix.lower() not in (".parquet", ".jsonl"):
         raise UserError(f"--out must end in .parquet or .jsonl, got {out.name}")
     paths = _paths(out)
@@ -72,28 +112,7 @@ def filter_hard(
     rows, _ = read_records(data)
     if args.sandbox:
         check_sandboxes(args.sandbox, args.sandbox_token_file)
-    fit = O.fit_to_model(
-        console, "filter-hard", model, model, args, [p["question"] for p in problems],
-        args.max_response_tokens or None, O.FILTER_MAX_RESPONSE_TOKENS,
-    )  # fmt: skip
-    args = fit.args
-    if force:
-        for path in (paths["samples"], paths["stats"]):
-            path.unlink(missing_ok=True)
-    done_rows = read_jsonl_if_exists(paths["samples"])
-    done = {(str(r["id"]), int(r["sample"])) for r in done_rows}
-    settings = args.sample_settings(O.model_fingerprint(model))
-    O.start_run_state(
-        paths["stats"], settings, args.run_settings(), len(done), str(paths["samples"])
-    )
-    items = make_items(problems, args.samples, done)
-    if items:
-        if done:
-            console.print(f"filter-hard: resuming: {len(done)} samples already graded")
-        _sample(console, model, args, fit, items, paths)
-    counts = _count(problems, read_jsonl_if_exists(paths["samples"]), args.samples)
-    _write(rows, problems, counts, args.samples, out)
-    _print_histogram(console, counts, args.samples, out)
+    return problems, rows
 
 
 def _paths(out: Path) -> dict[str, Path]:
@@ -104,25 +123,24 @@ def _paths(out: Path) -> dict[str, Path]:
     }
 
 
-def _sample(
-    console: Any, model: Path, args: O.RolloutArgs, fit: O.Fitted, items: list, paths: dict
-) -> None:
+def _sample(*, console: Any, model: Path, fit: O.Fitted, items: list, paths: dict) -> None:
     from rstar2cli.fileio import write_json_atomic
     from rstar2cli.rollout.jobs import run_command_job
+    from rstar2cli.rollout.resume import read_run_state
 
-    spec = args.engine_spec(model)
+    spec = fit.args.engine_spec(model)
     stats, sink = run_command_job(
-        "filter-hard",
-        console,
-        paths["samples"],
-        items,
-        fit,
-        lambda: spec.start(max_model_len=fit.max_model_len),
-        args.sandbox,
-        args.sched_config(),
+        name="filter-hard",
+        console=console,
+        out=paths["samples"],
+        items=items,
+        fit=fit,
+        start_engines=lambda: spec.start(max_model_len=fit.max_model_len),
+        tool_urls=fit.args.sandbox,
+        sched_config=fit.args.sched_config(),
         decorate=_short_row,
     )
-    state = O.read_run_state(paths["stats"])
+    state = read_run_state(paths["stats"])
     state.update(
         makespan_s=stats.makespan_s,
         tokens_per_s=stats.tokens_per_s,
@@ -134,7 +152,7 @@ def _sample(
     write_json_atomic(paths["stats"], state)
 
 
-def _short_row(record: dict[str, Any]) -> dict[str, Any]:
+def _short_row(record: GradedRecord) -> dict[str, Any]:
     """What filter-hard keeps of a graded trajectory (the full records would be huge at 8 x 42K)."""
     return {
         "id": record["id"],
@@ -149,7 +167,7 @@ def _short_row(record: dict[str, Any]) -> dict[str, Any]:
 
 
 def _count(
-    problems: list[dict[str, Any]], sample_rows: list[dict[str, Any]], samples: int
+    *, problems: list[dict[str, Any]], sample_rows: list[dict[str, Any]], samples: int
 ) -> dict[str, int]:
     """Correct samples per problem, over samples 0..samples-1 (extra ones of a larger earlier run
     are not counted)."""
@@ -161,6 +179,7 @@ def _count(
 
 
 def _write(
+    *,
     rows: list[dict[str, Any]],
     problems: list[dict[str, Any]],
     counts: dict[str, int],
@@ -189,7 +208,7 @@ def _write(
         pq.write_table(pa.Table.from_pylist(kept), tmp)
 
 
-def _print_histogram(console: Any, counts: dict[str, int], samples: int, out: Path) -> None:
+def _print_histogram(*, console: Any, counts: dict[str, int], samples: int, out: Path) -> None:
     from rich.table import Table
 
     hist = [0] * (samples + 1)

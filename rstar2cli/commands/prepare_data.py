@@ -22,8 +22,16 @@ from rstar2cli.fileio import check_output_path, refuse_overwrite
 
 _LOCAL_SUFFIXES = (".jsonl", ".json", ".parquet")
 # options that only one of the two modes reads: given to the other, they would be ignored
-_SOURCE_ONLY = ("config", "split", "question_field", "answer_field", "integer_only", "dedupe",
-                "decontaminate", "rejects")  # fmt: skip
+_SOURCE_ONLY = (
+    "config",
+    "split",
+    "question_field",
+    "answer_field",
+    "integer_only",
+    "dedupe",
+    "decontaminate",
+    "rejects",
+)
 _SYNTHETIC_ONLY = ("num", "seed")
 
 
@@ -92,7 +100,7 @@ def prepare_data(
     inputs = (source if source is not None and _is_local(source) else None, *(decontaminate or []))
     check_output_path(out, inputs, suffix=".parquet")
     if synthetic is not None:
-        _write_synthetic(console, synthetic, num, seed, out, force)
+        _write_synthetic(console=console, name=synthetic, num=num, seed=seed, out=out, force=force)
         return
     assert source is not None  # for the type checker; checked just above
     if _is_local(source) and not Path(source).is_file():
@@ -107,7 +115,15 @@ def prepare_data(
         dedupe=dedupe,
         eval_grams=_eval_grams(decontaminate or []),
     )
-    _prepare_source(console, source, config, split, out, rejects_path, options)
+    _prepare_source(
+        console=console,
+        source=source,
+        config=config,
+        split=split,
+        out=out,
+        rejects_path=rejects_path,
+        options=options,
+    )
 
 
 def _refuse_other_modes_options(ctx: typer.Context, synthetic: bool) -> None:
@@ -148,7 +164,13 @@ def _prepare_source(
     ]
     all_rejects = bad + result.rejects
     num_read = len(rows) + len(bad_lines)
-    _print_summary(console, source, num_read, len(result.kept), all_rejects)
+    _print_summary(
+        console=console,
+        source=source,
+        num_read=num_read,
+        num_kept=len(result.kept),
+        rejects=all_rejects,
+    )
     if not result.kept:
         counts = Counter(r.reason for r in all_rejects).most_common()
         why = ", ".join(f"{n} {reason}" for reason, n in counts)
@@ -172,7 +194,7 @@ def _load_source(source: str, config: str | None, split: str) -> tuple[list[dict
     if _is_local(source):
         rows, bad_lines = read_records(path)
         return rows, bad_lines, path.stem
-    from rstar2cli.agent.inputs import load_hub_dataset
+    from rstar2cli.data.loading import load_hub_dataset
 
     rows = load_hub_dataset(source, config, split, "--source")
     return rows, [], source.rsplit("/", 1)[-1]

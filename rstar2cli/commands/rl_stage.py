@@ -2,10 +2,11 @@
 
 Loads and validates the recipe (every problem listed at once, before any work), applies the
 options that say *where* (`--init-from`, `--sandbox`, `--ray-address`, `--out`), runs the
-pre-flight checks (`rstar2cli.rl.stage.prepare_stage`: sandbox, tokenizer, data), and only then
-writes the resolved recipe to OUT/recipe.yaml and hands over to `run_stage`. Rerunning the same
-command on the same OUT resumes from the newest checkpoint; a different recipe for an OUT whose
-run has started (checkpoints or metrics) is refused.
+pre-flight checks (`rstar2cli.preflight`: data files, model folder and context, Ray, sandbox,
+tokenizer, prompts that fit), and only then writes the resolved recipe to OUT/recipe.yaml and
+hands over to `run_stage`. Rerunning the same command on the same OUT resumes from the newest
+checkpoint; a different recipe for an OUT whose run has started (checkpoints or metrics) is
+refused.
 
 `--init-from` takes an HF model folder (weights only; e.g. sft-coldstart's final/) or a previous
 rl-stage OUT (its final/ weights, plus its optimizer state unless `--reset-optimizer`, which is
@@ -17,14 +18,10 @@ tests/cli/test_stage_preflight.py.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import typer
 
 from rstar2cli.errors import UserError
-
-if TYPE_CHECKING:
-    from rstar2cli.rl.stage_recipe import RlRecipe
 
 
 def rl_stage(
@@ -70,7 +67,7 @@ def rl_stage(
     """Train one GRPO-RoC stage: rollout 2G -> grade -> RoC to G -> PPO-clip update -> push weights."""
     from rich.console import Console
 
-    from rstar2cli.agent.inputs import check_ray_address
+    from rstar2cli import preflight
     from rstar2cli.fileio import check_output_path
     from rstar2cli.recipe import check_resume, dump_recipe, load_recipe
     from rstar2cli.rl.stage_recipe import RlRecipe
@@ -86,18 +83,18 @@ def rl_stage(
         resolved.sandbox.urls = list(sandbox)
     if sandbox_token_file is not None:
         resolved.sandbox.token_file = str(sandbox_token_file)
-    _check_inputs(resolved)
-    check_ray_address(ray_address)
+    preflight.check_rl_inputs(resolved)
+    preflight.check_ray_address(ray_address)
     check_output_path(out)
     check_resume(out, resolved)
     if (out / "final" / "config.json").exists():
         console.print(f"rl-stage: {out} is already finished; model in {out / 'final'}")
         return
-    from rstar2cli.rl.stage import StageOptions, prepare_stage, run_stage
+    from rstar2cli.rl.stage import StageOptions, run_stage
 
     # NOTE: the pre-flight checks run before recipe.yaml is written, so a failed check leaves OUT
     # as it was and the corrected command starts cleanly.
-    inputs = prepare_stage(resolved)
+    inputs = preflight.prepare_rl_stage(resolved)
     dump_recipe(resolved, out / "recipe.yaml")
     opts = StageOptions(
         out=out,
@@ -127,24 +124,3 @@ def _resolve_init(init_from: Path, reset_optimizer: bool) -> tuple[str, Path | N
         f"--init-from {init_from}: expected a HF model folder (config.json) or a finished rl-stage "
         "OUT (final/ and checkpoints/)"
     )
-
-
-def _check_inputs(recipe: RlRecipe) -> None:
-    from rstar2cli.eval.benchmarks import BENCHMARKS
-
-    held_out = recipe.data.eval if recipe.data.eval not in BENCHMARKS else None
-    missing = [p for p in (recipe.data.train, held_out) if p is not None and not Path(p).is_file()]
-    if missing:
-        raise UserError(f"data file(s) not found: {', '.join(missing)}")
-    from rstar2cli.agent.inputs import check_model_folder
-    from rstar2cli.options import model_context_tokens
-
-    check_model_folder(recipe.model)
-    context = model_context_tokens(recipe.model)
-    r = recipe.rollout
-    if context is not None and r.max_prompt_tokens + r.max_response_tokens > context:
-        raise UserError(
-            f"rollout.max_prompt_tokens + rollout.max_response_tokens = "
-            f"{r.max_prompt_tokens + r.max_response_tokens} exceeds the model's context of "
-            f"{context} tokens (max_position_embeddings in {recipe.model}/config.json)"
-        )

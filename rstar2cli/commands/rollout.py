@@ -46,59 +46,82 @@ def rollout(
     """Roll out tool-using trajectories with the KV-cache-aware scheduler."""
     from rich.console import Console
 
-    from rstar2cli.agent.inputs import check_model_folder, check_sandboxes, load_problems
-    from rstar2cli.fileio import check_output_path, read_jsonl_if_exists
+    from rstar2cli.fileio import read_jsonl_if_exists
     from rstar2cli.rollout.jobs import make_items
+    from rstar2cli.rollout.resume import model_fingerprint, start_run_state
 
     console = Console(highlight=False)
-    check_output_path(out, inputs=(data,), suffix=".jsonl")
-    args.check()
-    check_model_folder(model)
-    problems = load_problems(data, require_answer=False)
-    if args.sandbox:
-        check_sandboxes(args.sandbox, args.sandbox_token_file)
+    problems = _check_inputs(model=model, data=data, out=out, args=args)
     stats_path = out.with_name(out.stem + ".stats.json")
     done = {(str(r.get("id")), int(r.get("sample", 0))) for r in read_jsonl_if_exists(out)}
-    items = make_items(problems, args.samples, done)
+    items = make_items(problems=problems, num_samples=args.samples, done=done)
     if not items:
         console.print(
             f"rollout: all {len(problems) * args.samples} trajectories already in {out}; nothing to do"
         )
         return
     fit = O.fit_to_model(
-        console, "rollout", model, model, args, [i["question"] for i in items],
-        args.max_response_tokens or None, O.ROLLOUT.max_response_tokens,
-    )  # fmt: skip
+        console=console,
+        name="rollout",
+        model=model,
+        tokenizer_path=model,
+        args=args,
+        questions=[i["question"] for i in items],
+        requested=args.max_response_tokens or None,
+        default=O.ROLLOUT.max_response_tokens,
+    )
     args = fit.args
-    settings = args.sample_settings(O.model_fingerprint(model))
-    O.start_run_state(stats_path, settings, args.run_settings(), len(done), str(out))
+    state = {"settings": args.sample_settings(model_fingerprint(model)), "run": args.run_settings()}
+    start_run_state(
+        stats_path=stats_path,
+        settings=state["settings"],
+        run=state["run"],
+        num_done=len(done),
+        what=str(out),
+    )
     if done:
         console.print(f"rollout: resuming: {len(done)} trajectories already in {out}")
-    stats, sink = _run(console, model, args, items, fit, out)
-    _report(console, out, stats_path, stats, sink, settings, args.run_settings())
+    stats, sink = _run(console=console, model=model, items=items, fit=fit, out=out)
+    _report(console=console, out=out, stats_path=stats_path, stats=stats, sink=sink, state=state)
 
 
-def _run(
-    console: Any, model: Path, args: O.RolloutArgs, items: list, fit: O.Fitted, out: Path
-) -> tuple[Any, Any]:
+def _check_inputs(
+    *, model: Path, data: Path, out: Path, args: O.RolloutArgs
+) -> list[dict[str, Any]]:
+    """Every check before the model loads (one line each); the problems."""
+    from rstar2cli.data.loading import load_problems
+    from rstar2cli.fileio import check_output_path
+    from rstar2cli.preflight import check_model_folder, check_sandboxes
+
+    check_output_path(out, inputs=(data,), suffix=".jsonl")
+    args.check()
+    check_model_folder(model)
+    problems = load_problems(data, require_answer=False)
+    if args.sandbox:
+        check_sandboxes(args.sandbox, args.sandbox_token_file)
+    return problems
+
+
+def _run(*, console: Any, model: Path, items: list, fit: O.Fitted, out: Path) -> tuple[Any, Any]:
     from rstar2cli.rollout.jobs import run_command_job
 
-    spec = args.engine_spec(model)
+    spec = fit.args.engine_spec(model)
     return run_command_job(
-        "rollout",
-        console,
-        out,
-        items,
-        fit,
-        lambda: spec.start(max_model_len=fit.max_model_len),
-        args.sandbox,
-        args.sched_config(),
+        name="rollout",
+        console=console,
+        out=out,
+        items=items,
+        fit=fit,
+        start_engines=lambda: spec.start(max_model_len=fit.max_model_len),
+        tool_urls=fit.args.sandbox,
+        sched_config=fit.args.sched_config(),
     )
 
 
 def _report(
-    console: Any, out: Path, stats_path: Path, stats: Any, sink: Any, settings: dict, run: dict
+    *, console: Any, out: Path, stats_path: Path, stats: Any, sink: Any, state: dict[str, Any]
 ) -> None:
+    """The statistics as a table, and joined to the run's `state` (its settings) in `stats_path`."""
     from rich.table import Table
 
     from rstar2cli.fileio import write_json_atomic
@@ -122,8 +145,7 @@ def _report(
         table.add_row(name, value)
     console.print(table)
     summary = {
-        "settings": settings,
-        "run": run,
+        **state,
         "makespan_s": stats.makespan_s,
         "tokens_per_s": stats.tokens_per_s,
         "idle_fraction": stats.idle_fraction,

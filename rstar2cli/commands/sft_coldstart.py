@@ -1,7 +1,8 @@
 """`rstar2 sft-coldstart`: the non-reasoning cold-start SFT, from a recipe, resumable.
 
 Parses options, loads and validates the recipe (every problem listed at once, before any work),
-checks that OUT is writable and that the local data files exist and hold records that convert
+checks that the local data files exist and the model can be found (`rstar2cli.preflight`), that
+OUT is writable, and that the data holds records that convert
 (`rstar2cli.sft.data.check_sources`), and only then writes the resolved recipe to OUT/recipe.yaml
 and hands over to `rstar2cli.sft.train.run`. Rerunning the same command with the same OUT resumes
 from the newest checkpoint; a different recipe for an OUT whose run has started is refused. torch,
@@ -14,14 +15,8 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import typer
-
-from rstar2cli.errors import UserError
-
-if TYPE_CHECKING:
-    from rstar2cli.sft.coldstart_recipe import SftRecipe
 
 
 def sft_coldstart(
@@ -48,6 +43,7 @@ def sft_coldstart(
     from rich.console import Console
 
     from rstar2cli.fileio import check_output_path
+    from rstar2cli.preflight import check_sft_inputs
     from rstar2cli.recipe import RUN_FILES, check_resume, dump_recipe, load_recipe
     from rstar2cli.sft.coldstart_recipe import SftRecipe
     from rstar2cli.sft.data import check_sources
@@ -56,7 +52,7 @@ def sft_coldstart(
     resolved = load_recipe(recipe, SftRecipe, list(sets or []))
     if model is not None:
         resolved.model = model
-    _check_sources(resolved)
+    check_sft_inputs(resolved)
     check_output_path(out)
     # NOTE: init_model (the seeded tiny model) counts as started: a rerun must not reuse it with
     # another seed.
@@ -74,19 +70,3 @@ def sft_coldstart(
     final = run(resolved, out)
     if os.environ.get("RANK", "0") == "0":
         console.print(f"sft-coldstart: done; model in {final} (metrics: {out / 'metrics.jsonl'})")
-
-
-def _check_sources(recipe: SftRecipe) -> None:
-    from rstar2cli.fileio import RECORD_SUFFIXES
-
-    missing = [
-        s.path
-        for s in recipe.data.sources
-        if Path(s.path).suffix.lower() in RECORD_SUFFIXES and not Path(s.path).is_file()
-    ]
-    if missing:
-        raise UserError(f"data file(s) not found: {', '.join(missing)}")
-    if recipe.model != "tiny":
-        from rstar2cli.agent.inputs import check_model_source
-
-        check_model_source(recipe.model)

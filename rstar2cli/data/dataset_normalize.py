@@ -264,7 +264,9 @@ def normalize_records(
     rejects: list[Reject] = []
     seen: dict[str, str] = {}  # normalised question -> id of the first kept row
     for index, row in enumerate(rows):
-        problem, reject = _normalize_one(index, row, source, options, seen)
+        problem, reject = _normalize_one(
+            index=index, row=row, source=source, options=options, seen=seen
+        )
         if problem is not None:
             kept.append(problem)
         if reject is not None:
@@ -302,7 +304,9 @@ def _normalize_one(
         if key in seen:
             return reject(DUPLICATE, f"same question as {seen[key]}")
         seen[key] = problem_id
-    return Problem(problem_id, question, answer, source, _to_json(row)), None
+    return Problem(
+        id=problem_id, question=question, answer=answer, source=source, meta=_to_json(row)
+    ), None
 
 
 def _to_json(row: dict[str, Any]) -> str:

@@ -96,7 +96,13 @@ def make_engines(
         share = memory_share([(0,)], colocated, gpu_memory_fraction)  # one engine per GPU
         settings = [
             {**base, "name": f"{kind}{i}", "seed": seed + i}
-            | _gpu_settings(kind, tensor_parallel_size, (), share, colocated)
+            | _gpu_settings(
+                kind=kind,
+                tensor_parallel_size=tensor_parallel_size,
+                devices=(),
+                share=share,
+                colocated=colocated,
+            )
             for i in range(num_engines)
         ]
         return list(start_ray_engines(kind, settings, ray_address, placement))
@@ -104,7 +110,13 @@ def make_engines(
     share = memory_share(per_engine, colocated, gpu_memory_fraction)
     settings = [
         {**base, "name": f"{kind}{i}", "seed": seed + i}
-        | _gpu_settings(kind, tensor_parallel_size, per_engine[i], share, colocated)
+        | _gpu_settings(
+            kind=kind,
+            tensor_parallel_size=tensor_parallel_size,
+            devices=per_engine[i],
+            share=share,
+            colocated=colocated,
+        )
         for i in range(num_engines)
     ]
     engines: list[Engine] = []

@@ -142,12 +142,12 @@ class HfEngine:
         generator = torch.Generator(device=self.device)
         generator.manual_seed(spec.seed if spec.seed is not None else next(self._seed_counter))
         seq = _Seq(
-            request_id,
-            list(prompt_ids),
-            spec,
-            frozenset({*spec.stop_token_ids, self.im_end_id}),
-            generator,
-            asyncio.get_running_loop().create_future(),
+            request_id=request_id,
+            prompt_ids=list(prompt_ids),
+            spec=spec,
+            stop_ids=frozenset({*spec.stop_token_ids, self.im_end_id}),
+            generator=generator,
+            future=asyncio.get_running_loop().create_future(),
         )
         self._inbox.append(seq)
         wake.set()

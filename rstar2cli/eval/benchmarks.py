@@ -49,13 +49,48 @@ class BenchmarkSpec:
 
 # NOTE: the paper reports AIME24, AIME25, HMMT25, MATH-500 and GPQA-Diamond (avg@16, T=0.6).
 BENCHMARKS: dict[str, BenchmarkSpec] = {
-    "aime24": BenchmarkSpec("HuggingFaceH4/aime_2024", "train", None, "problem", "answer"),
-    "aime25": BenchmarkSpec("MathArena/aime_2025", "train", None, "problem", "answer"),
-    "hmmt25": BenchmarkSpec("MathArena/hmmt_feb_2025", "train", None, "problem", "answer"),
-    "math500": BenchmarkSpec("HuggingFaceH4/MATH-500", "test", None, "problem", "answer"),
-    "gsm8k": BenchmarkSpec("openai/gsm8k", "test", "main", "question", "answer"),
+    "aime24": BenchmarkSpec(
+        dataset_id="HuggingFaceH4/aime_2024",
+        split="train",
+        config=None,
+        question_field="problem",
+        answer_field="answer",
+    ),
+    "aime25": BenchmarkSpec(
+        dataset_id="MathArena/aime_2025",
+        split="train",
+        config=None,
+        question_field="problem",
+        answer_field="answer",
+    ),
+    "hmmt25": BenchmarkSpec(
+        dataset_id="MathArena/hmmt_feb_2025",
+        split="train",
+        config=None,
+        question_field="problem",
+        answer_field="answer",
+    ),
+    "math500": BenchmarkSpec(
+        dataset_id="HuggingFaceH4/MATH-500",
+        split="test",
+        config=None,
+        question_field="problem",
+        answer_field="answer",
+    ),
+    "gsm8k": BenchmarkSpec(
+        dataset_id="openai/gsm8k",
+        split="test",
+        config="main",
+        question_field="question",
+        answer_field="answer",
+    ),
     "amc23": BenchmarkSpec("math-ai/amc23", "test"),
-    "gpqa-diamond": BenchmarkSpec("Idavidrein/gpqa", "train", "gpqa_diamond", multiple_choice=True),
+    "gpqa-diamond": BenchmarkSpec(
+        dataset_id="Idavidrein/gpqa",
+        split="train",
+        config="gpqa_diamond",
+        multiple_choice=True,
+    ),
 }
 
 _LETTERS = "ABCD"
@@ -73,12 +108,18 @@ def load_benchmark(name: str) -> Benchmark:
     """Problems of a known benchmark, from the HF hub (or the local HF cache)."""
     check_names([name])
     spec = BENCHMARKS[name]
-    from rstar2cli.agent.inputs import load_hub_dataset
+    from rstar2cli.data.loading import load_hub_dataset
 
     rows = load_hub_dataset(spec.dataset_id, spec.config, spec.split, f"benchmark {name}")
     if spec.multiple_choice:
         rows = [multiple_choice_row(r) for r in rows]
-    return normalize_problems(rows, name, spec.dataset_id, spec.question_field, spec.answer_field)
+    return normalize_problems(
+        rows=rows,
+        name=name,
+        source=spec.dataset_id,
+        question_field=spec.question_field,
+        answer_field=spec.answer_field,
+    )
 
 
 def load_local(path: Path) -> Benchmark:

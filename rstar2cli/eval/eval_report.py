@@ -6,9 +6,12 @@ can check them in one bounded batch with the grader; `summarize_all` turns every
 `BenchmarkSummary`s (rstar2cli.reward.metrics). `render_tables` builds one rich table per
 benchmark (metrics as rows, labels as columns) and `plot_accuracy` writes avg@n per benchmark per
 label as a grouped bar chart (matplotlib, Agg), so checkpoints evaluated into one `--out`
-(stages, say) sit side by side.
+(stages, say) sit side by side. `print_plan` says what a run is about to do; `report` is the end of
+a run: every label of results.jsonl summarised into summary.json (`results.write_summary`), the
+tables printed and eval.png written.
 
-What it does not do: run models, grade responses or write files other than the plot.
+What it does not do: run models, grade responses (answer pairs go to `results.check_answer_pairs`)
+or read and merge summary.json itself (`rstar2cli.eval.results`).
 Tested in tests/cli/test_eval_grade_only.py (report from hand-written rows) and
 tests/integration/test_eval_cli.py.
 """
@@ -19,12 +22,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from rstar2cli.records import GradedRecord
 from rstar2cli.reward.metrics import BenchmarkSummary, Sample, summarize
 
 Key = tuple[str, str]  # (label, benchmark)
 
 
-def sample_of(row: dict[str, Any]) -> Sample:
+def sample_of(row: GradedRecord) -> Sample:
     return Sample(
         correct=bool(row.get("correct")),
         extracted=row.get("extracted"),
@@ -34,7 +38,7 @@ def sample_of(row: dict[str, Any]) -> Sample:
     )
 
 
-def group_rows(rows: list[dict[str, Any]]) -> dict[Key, list[list[Sample]]]:
+def group_rows(rows: list[GradedRecord]) -> dict[Key, list[list[Sample]]]:
     """(label, benchmark) -> per problem (in first-seen order) its samples sorted by index.
 
     A (label, benchmark, id, sample) seen twice counts once (the first row wins)."""
@@ -151,3 +155,55 @@ def plot_accuracy(summaries: dict[Key, BenchmarkSummary], labels: list[str], pat
     with atomic_path(path) as tmp:
         fig.savefig(tmp, dpi=120, format="png")
     plt.close(fig)
+
+
+PLOT = "eval.png"
+
+
+def print_plan(*, console: Any, plan: Any, settings: dict[str, Any], num_pending: int) -> None:
+    """One line of settings, one per benchmark, and how many trajectories are left to run."""
+    from rich.markup import escape
+
+    from rstar2cli.eval.results import RESULTS
+
+    where = (
+        f"model {plan.model} ({settings['engines']} x {settings['engine']})"
+        if plan.model
+        else f"endpoint {', '.join(settings['endpoint'])}"
+    )
+    console.print(
+        f"eval [bold]{escape(settings['label'])}[/]: {escape(where)}; "
+        f"{settings['samples']} samples/problem, temperature {settings['temperature']}, "
+        f"max {settings['max_turns']} turns, {settings['max_response_tokens']} response tokens, "
+        f"k={settings['k']}, seed {settings['seed']}; "
+        f"sandbox {', '.join(plan.sandbox_urls) or 'in-process'}"
+    )
+    for b in plan.benchmarks:
+        skipped = (
+            f" ({b.num_skipped} unusable rows skipped; first: {b.first_skip})"
+            if b.num_skipped
+            else ""
+        )
+        console.print(f"  {b.name}: {len(b.problems)} problems from {b.source}{skipped}")
+    console.print(f"  {num_pending} trajectories to run -> {plan.out / RESULTS}")
+
+
+def report(*, console: Any, out: Path, label: str, settings: dict[str, Any], ks: list[int]) -> None:
+    """Summarise every label of OUT/results.jsonl into summary.json (`label` with `settings`),
+    print one table per benchmark and write eval.png."""
+    from rstar2cli.errors import UserError
+    from rstar2cli.eval.results import RESULTS, SUMMARY, check_answer_pairs, write_summary
+    from rstar2cli.records import read_graded
+
+    rows = read_graded(out / RESULTS)
+    if not rows:
+        raise UserError(f"no results in {out / RESULTS}")
+    grouped = group_rows(rows)
+    labels = list(dict.fromkeys(lab for lab, _ in grouped))
+    verdicts = check_answer_pairs(majority_pairs(grouped))
+    summaries = summarize_all(grouped=grouped, ks=ks, equivalent=lookup_equivalence(verdicts))
+    write_summary(out=out, label=label, settings=settings, summaries=summaries)
+    for table in render_tables(summaries, labels):
+        console.print(table)
+    plot_accuracy(summaries=summaries, labels=labels, path=out / PLOT)
+    console.print(f"wrote {out / SUMMARY} and {out / PLOT}")

@@ -124,7 +124,9 @@ def token_weights(
         if cfg.token_is_cap is not None and not cfg.bypass:
             weights = torch.clamp(rho, max=cfg.token_is_cap)
         keep = _token_keep(rho, known, cfg) & ~(stale & cfg.mask_stale)  # [N]
-        seq_keep = _sequence_keep(log_rho, known, rows, num_sequences, cfg)  # [S]
+        seq_keep = _sequence_keep(
+            log_rho=log_rho, known=known, rows=rows, num_sequences=num_sequences, cfg=cfg
+        )  # [S]
         keep = keep & seq_keep[rows]
         sums = CorrectionSums(
             num_tokens=int(rho.numel()),

@@ -109,7 +109,15 @@ def ppo_clip_loss(
     if entropy is not None and entropy_coef != 0.0:
         loss = loss - entropy_coef * masked_sum(entropy, mask) / denom
 
-    metrics = _metrics(mask, ratio, log_ratio, advantages, eps_low, eps_high, num_tokens)
+    metrics = _metrics(
+        mask=mask,
+        ratio=ratio,
+        log_ratio=log_ratio,
+        advantages=advantages,
+        eps_low=eps_low,
+        eps_high=eps_high,
+        num_tokens=num_tokens,
+    )
     return loss, LossMetrics(
         num_tokens=num_tokens,
         policy_loss=float(policy_loss.detach()),

@@ -97,7 +97,7 @@ def collate_shared(samples: list[TrainSample], pad_id: int, max_row_tokens: int)
             allowed[r, start:end, start:end] = causal[:n, :n]  # and its own past
             where[id(s)] = (r, p, start)
             start = end
-    return _targets(samples, where, ids, pos, allowed)
+    return _targets(samples=samples, where=where, ids=ids, pos=pos, allowed=allowed)
 
 
 def _targets(

@@ -22,7 +22,7 @@ the model and write OUT, and reserves GPUs for engines and ranks (rstar2cli/clus
 one-line errors); OUT/placement.json records where each engine and rank landed.
 
 What it does not do: parse options or recipes (rstar2cli.commands.rl_stage), check inputs or read
-the problems and tokenizer (rstar2cli.preflight, which hands over `StageInputs`), algorithms (the
+the problems and tokenizer (rstar2cli.preflight, which builds `StageInputs`), algorithms (the
 cores in roc.py / advantages.py / loss.py, and what a step trains on: selection.py), DeepSpeed
 details (trainer.py), outputs (stage_report.py).
 Tested in tests/integration/test_rl_stage.py.
@@ -48,7 +48,6 @@ from rstar2cli.rl.trainer import UpdateSums
 from rstar2cli.rollout.jobs import Interrupted, StopSignals, scheduler_config, seed_base
 
 if TYPE_CHECKING:
-    from rstar2cli.preflight import StageInputs
     from rstar2cli.rl.workers import Trainers
 
 
@@ -311,12 +310,12 @@ class StageRun:
         from rstar2cli.rl.stage_report import StageReporter
 
         return StageReporter(
-            self.opts.out,
-            self.recipe.log,
-            start,
-            self.recipe.train.num_steps,
-            self.opts.out.name,
-            self.recipe.model_dump(mode="json"),
+            out=self.opts.out,
+            log_cfg=self.recipe.log,
+            start_step=start,
+            num_steps=self.recipe.train.num_steps,
+            run_name=self.opts.out.name,
+            recipe_dump=self.recipe.model_dump(mode="json"),
             live=self.opts.live,
         )
 
@@ -335,12 +334,12 @@ class StageRun:
                 step, len(self.problems), r.rollout.num_prompts_per_step, r.train.seed
             )
             records, grade_s, stats = await self._rollout(
-                [self.problems[i] for i in idx],
-                r.rollout.num_samples_per_prompt,
-                seed_base(r.train.seed, step),
-                r.rollout.temperature,
-                tools,
-                grader,
+                problems=[self.problems[i] for i in idx],
+                num_samples=r.rollout.num_samples_per_prompt,
+                seed=seed_base(r.train.seed, step),
+                temperature=r.rollout.temperature,
+                tools=tools,
+                grader=grader,
                 on_tick=rep.rollout_tick,
             )
         rollout_s = time.perf_counter() - began - grade_s
@@ -420,12 +419,12 @@ class StageRun:
         rep.phase("eval")
         r = self.recipe
         records, _, _ = await self._rollout(
-            self.eval_problems,
-            1,
-            seed_base(r.train.seed, step, eval_pass=True),
-            r.eval.temperature,
-            tools,
-            grader,
+            problems=self.eval_problems,
+            num_samples=1,
+            seed=seed_base(r.train.seed, step, eval_pass=True),
+            temperature=r.eval.temperature,
+            tools=tools,
+            grader=grader,
         )
         return sum(rec["reward"] for rec in records) / max(len(records), 1)
 
@@ -446,7 +445,12 @@ class StageRun:
 
         items = make_items(problems, num_samples)
         rows, grade_s, stats = await self._roll_items(
-            items, seed, temperature, tools, grader, on_tick
+            items=items,
+            seed=seed,
+            temperature=temperature,
+            tools=tools,
+            grader=grader,
+            on_tick=on_tick,
         )
         return in_item_order(rows, items), grade_s, stats
 
@@ -466,13 +470,13 @@ class StageRun:
 
         sink = GradedSink(grader, flush_every=None)
         stats = await rollout_and_grade(
-            self.engines,
-            items,
-            self.tokenizer,
-            self._agent_config(seed, temperature),
-            self._sched_config(),
-            tools,
-            sink,
+            engines=self.engines,
+            items=items,
+            tokenizer=self.tokenizer,
+            agent_config=self._agent_config(seed, temperature),
+            sched_config=self._sched_config(),
+            tools=tools,
+            sink=sink,
             on_tick=on_tick,
             **partial,
         )
@@ -504,17 +508,23 @@ class StageRun:
         items = fresh_items([self.problems[i] for i in idx], r.num_samples_per_prompt, step)
         instances = StepInstances(carry, r.num_samples_per_prompt, r.num_prompts_per_step)
         rows, grade_s, stats = await self._roll_items(
-            items,
-            seed_base(self.recipe.train.seed, step),
-            r.temperature,
-            tools,
-            grader,
-            on_tick,
+            items=items,
+            seed=seed_base(self.recipe.train.seed, step),
+            temperature=r.temperature,
+            tools=tools,
+            grader=grader,
+            on_tick=on_tick,
             on_record=instances.on_record,
             carried=carry.trajectories,
             stop_when=instances.enough,
         )
-        whole, self.carry = end_step(carry, count, rows, instances, stats.unfinished)
+        whole, self.carry = end_step(
+            carry=carry,
+            num_fresh=count,
+            rows=rows,
+            instances=instances,
+            unfinished=stats.unfinished,
+        )
         return (
             whole,
             grade_s,
@@ -552,13 +562,30 @@ class StageRun:
             plot_metrics(rows, self.opts.out / "curves.png", f"rl-stage {self.opts.out.name}")
 
 
+@dataclass
+class StageInputs:
+    """What the pre-flight read (`rstar2cli.preflight.prepare_rl_stage`): the tokenizer and the
+    problems (prompts that fit)."""
+
+    tokenizer: Any
+    problems: list[dict[str, Any]]
+    eval_problems: list[dict[str, Any]]
+    num_long: int
+
+
 def run_stage(recipe: RlRecipe, opts: StageOptions, inputs: StageInputs) -> Path:
     """Train (or resume) one stage into opts.out from `preflight.prepare_rl_stage`'s inputs;
     returns the final HF folder."""
     max_prompt = recipe.rollout.max_prompt_tokens
     if inputs.num_long:
         print(f"rl-stage: skipped {inputs.num_long} problems with prompts over {max_prompt} tokens")
-    run = StageRun(recipe, opts, inputs.problems, inputs.eval_problems, inputs.tokenizer)
+    run = StageRun(
+        recipe=recipe,
+        opts=opts,
+        problems=inputs.problems,
+        eval_problems=inputs.eval_problems,
+        tokenizer=inputs.tokenizer,
+    )
     try:
         return asyncio.run(run.run())
     except BaseException as exc:

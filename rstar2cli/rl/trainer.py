@@ -224,7 +224,14 @@ class PolicyTrainer:
                 ref_lp = None if ref is None else ref[m][i][0]
                 # bypass: the mismatch is read on the first mini-batch, before any update
                 compare = not bypass or m == 0
-                self._micro_step(samples, old[m][i], ref_lp, mini_batch_tokens[m], sums, compare)
+                self._micro_step(
+                    samples=samples,
+                    old=old[m][i],
+                    ref_lp=ref_lp,
+                    num_batch_tokens=mini_batch_tokens[m],
+                    sums=sums,
+                    compare=compare,
+                )
             sums.grad_norms.append(step_with_grad_norm(self.engine, self.cfg.zero_stage))
         return sums
 
@@ -317,7 +324,9 @@ class PolicyTrainer:
 
         on_device = group is not None and moves_device_tensors(group)
         device = self.engine.device if on_device else "cpu"
-        return send_module(self.engine.module.lm, group, plan, self.zero3, device)
+        return send_module(
+            module=self.engine.module.lm, group=group, plan=plan, zero3=self.zero3, device=device
+        )
 
     def save_checkpoint(self, ckpt_dir: Path, step: int, client_state: dict[str, Any]) -> None:
         """Collective: every rank calls it. Writes ckpt_dir/step<N> and ckpt_dir/latest."""
@@ -342,7 +351,13 @@ class PolicyTrainer:
         """Collective: HF folder (weights + tokenizer) written atomically by rank 0."""
         from rstar2cli.train_utils import save_hf
 
-        return save_hf(self.engine.module.lm, self.tokenizer, out_dir, self.zero3, self.rank)
+        return save_hf(
+            lm=self.engine.module.lm,
+            tokenizer=self.tokenizer,
+            out_dir=out_dir,
+            zero3=self.zero3,
+            rank=self.rank,
+        )
 
 
 def plan_update(

@@ -244,7 +244,18 @@ class RayTrainers:
         ]
         self.world = num_ranks
         addr, port = ray.get(self.actors[0].rendezvous.remote())
-        ray.get([a.build.remote(model_path, cfg, addr, port, correction) for a in self.actors])
+        ray.get(
+            [
+                a.build.remote(
+                    model_path=model_path,
+                    cfg=cfg,
+                    master_addr=addr,
+                    master_port=port,
+                    correction=correction,
+                )
+                for a in self.actors
+            ]
+        )
         self._placements: list[dict[str, Any]] = ray.get(
             [a.placement.remote() for a in self.actors]
         )

@@ -24,7 +24,7 @@ finishing after it is (an engine killed by the same Ctrl-C cannot turn unfinishe
 engine that dies (`errors.EngineDead`) stops the run the same way, with a one-line error (exit 2)
 that says to rerun; one that refuses a request (a `UserError`) stops it with its own error.
 
-What it does not do: parse options (`rstar2cli.options`), check inputs (`rstar2cli.agent.inputs`),
+What it does not do: parse options (`rstar2cli.options`), check inputs (`rstar2cli.preflight`),
 or decide what a row looks like on disk (callers pass `decorate` and `write`).
 Tested in tests/unit/test_rollout_job.py (scripted engine, real in-process sandbox, real grader)
 and through each command's integration test.
@@ -35,14 +35,16 @@ from __future__ import annotations
 import asyncio
 import signal
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rstar2cli import protocol as P
 from rstar2cli.errors import EngineDead, UserError
+from rstar2cli.records import GradedRecord, TrajectoryRecord
 
 if TYPE_CHECKING:
+    from rstar2cli.agent.loop import AgentConfig
     from rstar2cli.scheduler.scheduler import SchedulerConfig
 
 # NOTE: the agent loop's request seed is base + 1000 * sample + turn; 2**26 per step leaves room
@@ -117,7 +119,7 @@ def drop_long_prompts(
     return kept, len(problems) - len(kept)
 
 
-def graded_text(record: dict[str, Any]) -> str:
+def graded_text(record: TrajectoryRecord) -> str:
     """What the answer is read from: the model's own turns, tool calls cut out."""
     return P.answer_region(record["model_text"])
 
@@ -126,30 +128,31 @@ class GradedSink:
     """Takes finished records (`add`), grades those with a reference and hands rows to `write`
     in batches (every `flush_every` records or `flush_every_s` seconds; None: only on `flush`).
 
-    A graded row gets `reward` (1.0 / 0.0), `correct`, `grade_status` and `extracted` (the answer
-    the grader read). `decorate(record)` adds a caller's fields. Without `write`, rows collect in
-    `rows`. After `close_intake()` (an interrupt) records are counted in `num_dropped`, not kept.
+    A graded row (`records.GradedRecord`) gets `reward` (1.0 / 0.0), `correct`, `grade_status`
+    and `extracted` (the answer the grader read). `decorate(row)` shapes what `write` gets (a
+    caller's fields added, or a shorter row). Without `write`, rows collect in `rows`. After
+    `close_intake()` (an interrupt) records are counted in `num_dropped`, not kept.
     """
 
     def __init__(
         self,
         grader: Any,
-        write: Callable[[list[dict[str, Any]]], None] | None = None,
-        decorate: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+        write: Callable[[Sequence[Mapping[str, Any]]], None] | None = None,
+        decorate: Callable[[GradedRecord], Mapping[str, Any]] | None = None,
         flush_every: int | None = 16,
         flush_every_s: float = 2.0,
     ):
         self.grader, self.write, self.decorate = grader, write, decorate
         self.flush_every, self.flush_every_s = flush_every, flush_every_s
-        self.rows: list[dict[str, Any]] = []
-        self.buffer: list[dict[str, Any]] = []
+        self.rows: list[GradedRecord] = []
+        self.buffer: list[TrajectoryRecord] = []
         self.last_flush = time.monotonic()
         self.num_written = self.num_graded = self.num_correct = self.num_dropped = 0
         self.finish_counts: dict[str, int] = {}
         self.grade_s = 0.0
         self.accepting = True
 
-    def add(self, record: dict[str, Any]) -> None:
+    def add(self, record: TrajectoryRecord) -> None:
         if not self.accepting:
             self.num_dropped += 1
             return
@@ -168,36 +171,42 @@ class GradedSink:
 
     def flush(self) -> None:
         if self.buffer:
-            rows, self.buffer = self.buffer, []
-            self._grade(rows)
-            if self.decorate is not None:
-                rows = [self.decorate(r) for r in rows]
+            records, self.buffer = self.buffer, []
+            rows = self._grade(records)
             if self.write is None:
                 self.rows += rows
-            else:
+            elif self.decorate is None:
                 self.write(rows)
+            else:
+                self.write([self.decorate(r) for r in rows])
             self.num_written += len(rows)
         self.last_flush = time.monotonic()
 
-    def _grade(self, rows: list[dict[str, Any]]) -> None:
-        graded = [r for r in rows if r.get("answer") is not None]
-        if not graded:
-            return
+    def _grade(self, records: list[TrajectoryRecord]) -> list[GradedRecord]:
+        """`records` in order, those with a reference answer graded (the others as they are)."""
+        to_grade = [r for r in records if r.get("answer") is not None]
+        if not to_grade:
+            return [{**r} for r in records]
         began = time.perf_counter()
         results = self.grader.grade_batch(
-            [(graded_text(r), str(r["answer"])) for r in graded],
-            [r["finish_reason"] for r in graded],
+            [(graded_text(r), str(r["answer"])) for r in to_grade],
+            [r["finish_reason"] for r in to_grade],
         )
-        for row, result in zip(graded, results, strict=True):
-            row.update(
-                reward=1.0 if result.correct else 0.0,
-                correct=bool(result.correct),
-                grade_status=result.status,
-                extracted=result.extracted,
-            )
-        self.num_graded += len(graded)
+        graded: list[GradedRecord] = [
+            {
+                **record,
+                "reward": 1.0 if result.correct else 0.0,
+                "correct": bool(result.correct),
+                "grade_status": result.status,
+                "extracted": result.extracted,
+            }
+            for record, result in zip(to_grade, results, strict=True)
+        ]
+        self.num_graded += len(to_grade)
         self.num_correct += sum(1 for r in results if r.correct)
         self.grade_s += time.perf_counter() - began
+        in_order = iter(graded)
+        return [{**r} if r.get("answer") is None else next(in_order) for r in records]
 
 
 async def rollout_and_grade(
@@ -209,7 +218,7 @@ async def rollout_and_grade(
     tools: Any,
     sink: GradedSink,
     on_tick: Callable[[Any], None] | None = None,
-    on_record: Callable[[dict[str, Any]], None] | None = None,
+    on_record: Callable[[TrajectoryRecord], None] | None = None,
     carried: Sequence[Any] = (),
     stop_when: Callable[[], bool] | None = None,
 ) -> Any:
@@ -218,18 +227,18 @@ async def rollout_and_grade(
     partial rollout (`driver.run_rollout`)."""
     from rstar2cli.rollout.driver import run_rollout
 
-    def take(record: dict[str, Any]) -> None:
+    def take(record: TrajectoryRecord) -> None:
         sink.add(record)
         if on_record is not None:
             on_record(record)
 
     stats = await run_rollout(
-        engines,
-        items,
-        tokenizer,
-        agent_config,
-        sched_config,
-        tools,
+        engines=engines,
+        items=items,
+        tokenizer=tokenizer,
+        agent_config=agent_config,
+        sched_config=sched_config,
+        tools=tools,
         on_record=take,
         on_tick=on_tick,
         carried=carried,
@@ -239,13 +248,14 @@ async def rollout_and_grade(
     return stats
 
 
-def in_item_order(rows: list[dict[str, Any]], items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def in_item_order(rows: list[GradedRecord], items: list[dict[str, Any]]) -> list[GradedRecord]:
     """Rows sorted as their items were (finish order is not reproducible; item order is)."""
     rank = {(str(it["id"]), int(it["sample"])): i for i, it in enumerate(items)}
     return sorted(rows, key=lambda r: rank[(str(r["id"]), int(r["sample"]))])
 
 
 def run_command_job(
+    *,
     name: str,
     console: Any,
     out: Path,
@@ -254,7 +264,7 @@ def run_command_job(
     start_engines: Callable[[], Any],
     tool_urls: list[str],
     sched_config: Any,
-    decorate: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+    decorate: Callable[[GradedRecord], Mapping[str, Any]] | None = None,
 ) -> tuple[Any, GradedSink]:
     """A one-shot command's run: engines and tools up, `items` rolled out with a progress line,
     graded rows (`decorate`d) appended to `out` as they finish, everything shut down. `fit` is the
@@ -267,15 +277,34 @@ def run_command_job(
     with Grader(num_workers=1, strict=True) as grader, JsonlAppender(out) as appender:
         sink = GradedSink(grader, write=appender.write_batch, decorate=decorate)
         agent_config = fit.args.agent_config(seed_base(fit.args.seed))
-        job = _CommandRun(name, console, items, fit.tokenizer, agent_config, sched_config, sink)
+        job = _CommandRun(
+            name=name,
+            console=console,
+            items=items,
+            tokenizer=fit.tokenizer,
+            agent_config=agent_config,
+            sched_config=sched_config,
+            sink=sink,
+        )
         token_file = fit.args.sandbox_token_file
-        return job.run(start_engines, tool_urls, token_file), sink
+        stats = job.run(start_engines=start_engines, tool_urls=tool_urls, token_file=token_file)
+        return stats, sink
 
 
 class _CommandRun:
     """The event loop of `run_command_job`, and what an interrupt leaves behind."""
 
-    def __init__(self, name, console, items, tokenizer, agent_config, sched_config, sink) -> None:
+    def __init__(
+        self,
+        *,
+        name: str,
+        console: Any,
+        items: list[dict[str, Any]],
+        tokenizer: Any,
+        agent_config: AgentConfig,
+        sched_config: SchedulerConfig,
+        sink: GradedSink,
+    ) -> None:
         self.name, self.console, self.items = name, console, items
         self.tokenizer, self.agent_config, self.sched_config = tokenizer, agent_config, sched_config
         self.sink = sink
@@ -321,13 +350,13 @@ class _CommandRun:
         async with rollout_session(start_engines, tools) as (engines, batcher):
             with RolloutProgress(self.name, self.console, len(self.items)) as progress:
                 stats = await rollout_and_grade(
-                    engines,
-                    self.items,
-                    self.tokenizer,
-                    self.agent_config,
-                    self.sched_config,
-                    batcher,
-                    self.sink,
+                    engines=engines,
+                    items=self.items,
+                    tokenizer=self.tokenizer,
+                    agent_config=self.agent_config,
+                    sched_config=self.sched_config,
+                    tools=batcher,
+                    sink=self.sink,
                     on_tick=progress.tick,
                     on_record=lambda _: progress.done(),
                 )

@@ -95,7 +95,9 @@ def _tail_engine(s: Scheduler, slot: Slot, need: int, held_tokens: int) -> int |
         return None
     if not is_long(s, slot):
         return None
-    return s.tail.pick(need, slot.home, held_tokens, s.pending, s.below_cap)
+    return s.tail.pick(
+        need=need, home=slot.home, held_tokens=held_tokens, owed=s.pending, is_open=s.below_cap
+    )
 
 
 def _lighter_engine(s: Scheduler, slot: Slot, need: int, held_tokens: int) -> int | None:

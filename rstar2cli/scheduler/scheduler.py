@@ -220,7 +220,13 @@ class Scheduler:
         if key in self.slots:
             raise ValueError(f"trajectory {key!r} added twice")
         group = (key,) if group is None else group
-        slot = Slot(key, prompt_tokens, max_response_tokens, prompt_tokens, group)
+        slot = Slot(
+            key=key,
+            prompt_tokens=prompt_tokens,
+            max_response_tokens=max_response_tokens,
+            num_tokens=prompt_tokens,
+            group=group,
+        )
         if self.config.policy == "kv" and not self._fits_anywhere_empty(slot):
             raise ValueError(
                 f"trajectory {key!r} needs {self.admit_tokens(slot)} KV tokens; the largest "

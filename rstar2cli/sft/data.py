@@ -150,7 +150,7 @@ def load_records(source: DataSource) -> tuple[list[dict[str, Any]], list[tuple[i
     if path.exists() or path.suffix.lower() in RECORD_SUFFIXES:
         records, bad = read_records(path)
     else:
-        from rstar2cli.agent.inputs import load_hub_dataset
+        from rstar2cli.data.loading import load_hub_dataset
 
         records, bad = load_hub_dataset(source.path, source.config, source.split, "SFT data"), []
     if source.max_records is not None:
@@ -164,7 +164,13 @@ def _source_chats(source: DataSource, records: list[dict], cfg: DataConfig, seed
         from rstar2cli.sft.synthetic_transcripts import make_transcripts
 
         yield from enumerate(
-            make_transcripts(records, cfg.error_fraction, seed, cfg.template, cfg.direct_fraction)
+            make_transcripts(
+                rows=records,
+                error_fraction=cfg.error_fraction,
+                seed=seed,
+                template=cfg.template,
+                direct_fraction=cfg.direct_fraction,
+            )
         )
         return
     for i, rec in enumerate(records):
@@ -189,7 +195,11 @@ def build_examples(cfg: DataConfig, tokenizer: Any, seed: int) -> tuple[list[Exa
                     raise item
                 examples.append(
                     tokenize_chat(
-                        item, tokenizer, cfg.template, cfg.max_seq_len, f"{source.path}#{i}"
+                        chat=item,
+                        tokenizer=tokenizer,
+                        template=cfg.template,
+                        max_seq_len=cfg.max_seq_len,
+                        ex_id=f"{source.path}#{i}",
                     )
                 )
             except ConvertError as exc:

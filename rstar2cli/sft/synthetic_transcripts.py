@@ -142,7 +142,15 @@ def make_transcripts(
         try:
             if "question" not in row or "answer" not in row:
                 raise ConvertError("an arith row needs 'question' and 'answer'")
-            out.append(make_transcript(row, rng, with_error and not direct, template, direct))
+            out.append(
+                make_transcript(
+                    row=row,
+                    rng=rng,
+                    with_error=with_error and not direct,
+                    template=template,
+                    direct=direct,
+                )
+            )
         except ConvertError as exc:
             out.append(exc)
     return out

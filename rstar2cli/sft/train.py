@@ -156,7 +156,9 @@ def save_final(engine: Any, tok: Any, out: Path, recipe: SftRecipe, rank: int) -
     lm = engine.module.lm
     lm.generation_config.eos_token_id = tok.convert_tokens_to_ids(P.IM_END)
     lm.generation_config.pad_token_id = tok.pad_token_id
-    return save_hf(lm, tok, out / "final", recipe.train.zero_stage == 3, rank)
+    return save_hf(
+        lm=lm, tokenizer=tok, out_dir=out / "final", zero3=recipe.train.zero_stage == 3, rank=rank
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -230,12 +232,21 @@ def run(recipe: SftRecipe, out: Path) -> Path:
     tok = _load_tokenizer(model_path)
     examples = _load_data(recipe, tok, out, rank)
     num_steps = total_steps(recipe, len(examples))
-    engine = _build_engine(recipe, model_path, num_steps, world, bf16)
+    engine = _build_engine(
+        recipe=recipe, model_path=model_path, num_steps=num_steps, world=world, bf16=bf16
+    )
     ckpt_dir = out / "checkpoints"
     start = _resume(engine, ckpt_dir)
     if start and rank == 0:
         print(f"sft-coldstart: resuming from step {start} (checkpoint in {ckpt_dir})")
-    reporter = Reporter(out, recipe, start, num_steps, len(examples), enabled=rank == 0)
+    reporter = Reporter(
+        out=out,
+        recipe=recipe,
+        start_step=start,
+        num_steps=num_steps,
+        num_examples=len(examples),
+        enabled=rank == 0,
+    )
     with reporter:
         for step in range(start, num_steps):
             began = time.perf_counter()
@@ -244,20 +255,32 @@ def run(recipe: SftRecipe, out: Path) -> Path:
             )
             lr = engine.get_lr()[0]  # NOTE: read before the step; the scheduler advances in it
             *local, grad_norm = _train_step(
-                engine, examples, idx, recipe, tok.pad_token_id, rank, world
+                engine=engine,
+                examples=examples,
+                idx=idx,
+                recipe=recipe,
+                pad_id=tok.pad_token_id,
+                rank=rank,
+                world=world,
             )
             loss_sum, num_targets, num_tokens = _all_sum(local, engine.device)
             reporter.step(
-                step + 1,
-                loss_sum / max(1.0, num_targets),
-                lr,
-                grad_norm,
-                int(num_tokens),
-                time.perf_counter() - began,
+                step=step + 1,
+                loss=loss_sum / max(1.0, num_targets),
+                lr=lr,
+                grad_norm=grad_norm,
+                num_tokens=int(num_tokens),
+                step_time_s=time.perf_counter() - began,
             )
             if (step + 1) % recipe.checkpoint.every_steps == 0 or step + 1 == num_steps:
-                _save(engine, ckpt_dir, step + 1, recipe.checkpoint.keep_last, rank)
-    final = save_final(engine, tok, out, recipe, rank)
+                _save(
+                    engine=engine,
+                    ckpt_dir=ckpt_dir,
+                    step=step + 1,
+                    keep_last=recipe.checkpoint.keep_last,
+                    rank=rank,
+                )
+    final = save_final(engine=engine, tok=tok, out=out, recipe=recipe, rank=rank)
     dist.barrier()
     if world > 1:
         # NOTE: several ranks come from a launcher and exit next; a process group left to

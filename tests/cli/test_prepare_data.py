@@ -109,8 +109,10 @@ def test_gsm8k_answers_spot_check_and_summary(tmp_path):
 def test_integer_only_and_decontaminate(tmp_path):
     src = EVAL_DIR / "math500.jsonl"
     out = tmp_path / "m.parquet"
-    result = _invoke("--source", src, "--out", out, "--integer-only",
-                     "--decontaminate", EVAL_DIR / "aime24.jsonl")  # fmt: skip
+    result = _invoke(
+        *["--source", src, "--out", out, "--integer-only"],
+        *["--decontaminate", EVAL_DIR / "aime24.jsonl"],
+    )
     assert result.exit_code == 0, result.output
     kept = pq.read_table(out).to_pylist()
     rejects = _read_jsonl(tmp_path / "m.rejects.jsonl")
@@ -160,8 +162,10 @@ def test_field_overrides_and_rejects(tmp_path):
     ]
     src.write_text("\n".join(lines) + "\n", encoding="utf-8")
     out = tmp_path / "c.parquet"
-    result = _invoke("--source", src, "--out", out, "--question-field", "text",
-                     "--answer-field", "sol.final")  # fmt: skip
+    result = _invoke(
+        *["--source", src, "--out", out],
+        *["--question-field", "text", "--answer-field", "sol.final"],
+    )
     assert result.exit_code == 0, result.output
     kept = pq.read_table(out).to_pylist()
     assert [(r["question"], r["answer"]) for r in kept] == [

@@ -77,10 +77,10 @@ def test_eval_endpoint_rewards_only_the_models_own_answer(tmp_path, tiny_model_d
     out = tmp_path / "eval"
     with _scripted_server(tokenizer, policy) as url:
         res = run_cli(
-            "eval", "--endpoint", url, "--tokenizer", tiny_model_dir, "--data", data,
-            "--out", out, "--samples", 1, "--max-turns", 3, "--max-response-tokens", 400,
+            *["eval", "--endpoint", url, "--tokenizer", tiny_model_dir, "--data", data],
+            *["--out", out, "--samples", 1, "--max-turns", 3, "--max-response-tokens", 400],
             timeout=300,
-        )  # fmt: skip
+        )
     assert res.returncode == 0, res.stderr[-3000:]
     (row,) = [json.loads(x) for x in (out / "results.jsonl").read_text().splitlines()]
     assert [c["status"] for c in row["tool_calls"]] == ["ok"]

@@ -114,9 +114,11 @@ def test_sandbox_token_file_without_sandbox_is_refused(tmp_path, tiny_model_dir,
     data = tmp_path / "p.jsonl"
     data.write_text(json.dumps({"question": "1+1?"}) + "\n")
     line = _one_line_error(
-        _run("rollout", "--model", tiny_model_dir, "--data", data, "--out", tmp_path / "o.jsonl",
-             "--sandbox-token-file", token_file)
-    )  # fmt: skip
+        _run(
+            *["rollout", "--model", tiny_model_dir, "--data", data],
+            *["--out", tmp_path / "o.jsonl", "--sandbox-token-file", token_file],
+        )
+    )
     assert "--sandbox-token-file is for --sandbox URLs" in line
 
 
@@ -127,10 +129,11 @@ def _rl(tmp_path: Path, *extra: object) -> subprocess.CompletedProcess:
     good = tmp_path / "good.jsonl"
     good.write_text(json.dumps({"question": "1+1?", "answer": "2"}) + "\n", encoding="utf-8")
     return _run(
-        "rl-stage", "--recipe", REPO / "recipes/tiny/rl.yaml", "--out", tmp_path / "run",
-        "--set", f"model={model}", "--set", f"data.train={good}", "--set", f"data.eval={good}",
+        *["rl-stage", "--recipe", REPO / "recipes/tiny/rl.yaml", "--out", tmp_path / "run"],
+        *["--set", f"model={model}", "--set", f"data.train={good}"],
+        *["--set", f"data.eval={good}"],
         *extra,
-    )  # fmt: skip
+    )
 
 
 def test_rl_stage_takes_the_token_file_from_its_recipe_or_option(tmp_path, token_file, guarded):

@@ -54,14 +54,12 @@ def rl(tmp_path):
 
 def _rl(paths: dict, train: Path, *extra: object) -> subprocess.CompletedProcess:
     return _cli(
-        "rl-stage",
-        "--recipe", REPO / "recipes/tiny/rl.yaml",
-        "--out", paths["out"],
-        "--set", f"model={paths['model']}",
-        "--set", f"data.train={train}",
-        "--set", f"data.eval={paths['good']}",
+        *["rl-stage", "--recipe", REPO / "recipes/tiny/rl.yaml", "--out", paths["out"]],
+        *["--set", f"model={paths['model']}"],
+        *["--set", f"data.train={train}"],
+        *["--set", f"data.eval={paths['good']}"],
         *extra,
-    )  # fmt: skip
+    )
 
 
 def test_rl_unreachable_sandbox_writes_no_recipe(rl):
@@ -185,10 +183,8 @@ def test_sft_model_that_cannot_be_found_is_one_line(tmp_path, monkeypatch, model
     data = tmp_path / "sft.jsonl"
     data.write_text(json.dumps({"question": "1+1?", "answer": "2"}) + "\n", encoding="utf-8")
     out = tmp_path / "run"
-    proc = _cli(
-        "sft-coldstart", "--recipe", _sft_recipe(tmp_path, data, fmt="arith"), "--out", out,
-        "--model", model,
-    )  # fmt: skip
+    recipe = _sft_recipe(tmp_path, data, fmt="arith")
+    proc = _cli("sft-coldstart", "--recipe", recipe, "--out", out, "--model", model)
     assert expected in _one_line_error(proc)
     assert not out.exists() or list(out.iterdir()) == []
 

@@ -21,10 +21,10 @@ def test_filter_hard_samples_k_per_problem_and_writes_counts(tmp_path, tiny_mode
     out = tmp_path / "hard.parquet"
     with spawn_daemon(workers=1) as daemon:
         res = run_cli(
-            "filter-hard", "--model", tiny_model_dir, "--data", data, "--out", out,
-            "--samples", 2, "--max-turns", 2, "--max-response-tokens", 32,
-            "--kv-cache-tokens", 4096, "--sandbox", daemon.url,
-        )  # fmt: skip
+            *["filter-hard", "--model", tiny_model_dir, "--data", data, "--out", out],
+            *["--samples", 2, "--max-turns", 2, "--max-response-tokens", 32],
+            *["--kv-cache-tokens", 4096, "--sandbox", daemon.url],
+        )
     assert res.returncode == 0, res.stderr[-3000:]
     counts = [json.loads(x) for x in (tmp_path / "hard.counts.jsonl").read_text().splitlines()]
     assert [c["id"] for c in counts] == [p["id"] for p in problems]

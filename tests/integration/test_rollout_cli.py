@@ -169,10 +169,10 @@ def test_rollout_with_predicted_admission_and_tail_engines_on_two_engines(tmp_pa
     problems = write_problems(data)
     out = tmp_path / "traces.jsonl"
     res = run_cli(
-        "rollout", "--model", tiny_model_dir, "--data", data, "--out", out, "--engines", 2,
-        "--engine", "hf", "--samples", 4, "--max-turns", 3, "--max-response-tokens", 48,
-        "--admission", "predicted", "--tail-kv-fraction", 0.5,
-    )  # fmt: skip
+        *["rollout", "--model", tiny_model_dir, "--data", data, "--out", out, "--engines", 2],
+        *["--engine", "hf", "--samples", 4, "--max-turns", 3, "--max-response-tokens", 48],
+        *["--admission", "predicted", "--tail-kv-fraction", 0.5],
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert sorted((r["id"], r["sample"]) for r in rows) == sorted(

@@ -278,9 +278,14 @@ def test_the_driver_stops_with_an_error_when_its_scheduler_starts_nothing(tok, m
     async def go():
         async with LocalSandbox(num_workers=1, timeout_s=5.0) as sandbox:
             run = run_rollout(
-                [engine], items, tok, AgentConfig(max_response_tokens=64), SchedulerConfig(),
-                ToolBatcher(sandbox), lambda rec: None,
-            )  # fmt: skip
+                engines=[engine],
+                items=items,
+                tokenizer=tok,
+                agent_config=AgentConfig(max_response_tokens=64),
+                sched_config=SchedulerConfig(),
+                tools=ToolBatcher(sandbox),
+                on_record=lambda rec: None,
+            )
             return await asyncio.wait_for(run, timeout=30)
 
     with pytest.raises(RuntimeError, match="placed none of the 2 unfinished trajectories"):
