@@ -281,7 +281,9 @@ def _cover(target: str, keep_paths: list[str], options: str, read_only: bool) ->
     inside = [p for p in inside if not any(p.startswith(q + "/") for q in inside if q != p)]
     fds = [os.open(p, os.O_PATH | os.O_DIRECTORY) for p in inside]
     try:
-        mount("tmpfs", target, "tmpfs", MS_NOSUID | MS_NODEV, options)
+        mount(
+            source="tmpfs", target=target, fstype="tmpfs", flags=MS_NOSUID | MS_NODEV, data=options
+        )
         for path, fd in zip(inside, fds, strict=True):
             os.makedirs(path, mode=0o755, exist_ok=True)
             mount(f"/proc/self/fd/{fd}", path, None, MS_BIND | MS_REC)

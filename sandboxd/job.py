@@ -232,22 +232,29 @@ def run_job(
     pid = os.fork()
     if pid == 0:
         try:
-            _child_main(request["code"], compiled, slot, pipes, limits, install_sigint)
+            _child_main(
+                code=request["code"],
+                compiled=compiled,
+                slot=slot,
+                pipes=pipes,
+                limits=limits,
+                install_sigint=install_sigint,
+            )
         finally:
             os._exit(EXIT_SETUP_FAILED)  # NOTE: a job process never returns into a runner's loop
     for i, (r, w) in enumerate(pipes):
         os.close(r if i == 0 else w)
     try:
         outcome = _pump(
-            pid,
-            pipes,
-            request.get("stdin", "").encode("utf-8", "replace"),
-            timeout_s,
-            slot.max_output_bytes,
-            start,
-            kill_tree,
-            spare_pid,
-            watch,
+            pid=pid,
+            pipes=pipes,
+            stdin=request.get("stdin", "").encode("utf-8", "replace"),
+            timeout_s=timeout_s,
+            max_output_bytes=slot.max_output_bytes,
+            start=start,
+            kill_tree=kill_tree,
+            spare_pid=spare_pid,
+            watch=watch,
         )
     finally:
         wipe(slot)
