@@ -3,7 +3,8 @@
 WANDB_MODE=offline: wandb writes its run file under OUT/wandb and reaches no network. The run
 file is read back here (its record log: 7-byte header, then 32 KiB blocks of records, each with a
 crc, a length and a type, holding protobuf `Record`s) to check every logged scalar reached it at
-its step, and that a recipe asking for W&B without wandb installed fails in one line.
+its step (wandb's service process finishes the file shortly after `finish()` returns: the test
+waits for its exit record), and that a recipe asking for W&B without wandb installed fails in one line.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import json
 import struct
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -45,14 +47,26 @@ def read_run_file(path: Path) -> list[bytes]:
     return out
 
 
-def logged_history(run_dir: Path) -> list[dict[str, float]]:
+def logged_history(run_dir: Path, timeout_s: float = 60.0) -> list[dict[str, float]]:
+    """The history rows of the run under `run_dir`, once its exit record is written (wandb's
+    service process writes the file after `finish()` returns)."""
     from wandb.proto import wandb_internal_pb2 as pb
 
-    (run_file,) = run_dir.glob("offline-run-*/run-*.wandb")
+    deadline = time.monotonic() + timeout_s
+    while True:
+        (run_file,) = run_dir.glob("offline-run-*/run-*.wandb")
+        records = []
+        for payload in read_run_file(run_file):
+            record = pb.Record()
+            record.ParseFromString(payload)
+            records.append(record)
+        kinds = [r.WhichOneof("record_type") for r in records]
+        if "exit" in kinds or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert "exit" in kinds, f"the run file was not finished within {timeout_s} s: {kinds}"
     rows = []
-    for payload in read_run_file(run_file):
-        record = pb.Record()
-        record.ParseFromString(payload)
+    for record in records:
         if record.WhichOneof("record_type") == "history":
             items = record.history.item
             rows.append(
