@@ -99,7 +99,7 @@ def main() -> None:
     import torch
 
     torch.set_num_threads(args.threads)
-    from rstar2cli.rl.stage_recipe import RlTrainConfig
+    from rstar2cli.rl.train_recipe import RlTrainConfig
     from rstar2cli.rl.trainer import PolicyTrainer
     from rstar2cli.train_utils import init_distributed
 

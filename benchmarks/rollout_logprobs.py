@@ -41,7 +41,8 @@ class RunResult:
 
 
 async def run_once(engines: list[Any], items: list[dict], tokenizer: Any, args, mode: str) -> Any:
-    from rstar2cli.agent.loop import AgentConfig, ToolBatcher, make_tool_runner
+    from rstar2cli.agent.loop import AgentConfig
+    from rstar2cli.agent.tools import ToolBatcher, make_tool_runner
     from rstar2cli.rollout.driver import run_rollout
     from rstar2cli.scheduler.scheduler import SchedulerConfig
 

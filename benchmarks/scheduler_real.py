@@ -192,7 +192,8 @@ async def _run_policies(
     engines: list[Any], sandbox: Any, items: list[dict], tok: Any, args: argparse.Namespace
 ) -> list[tuple[str, Any]]:
     """Each selected policy `--repeats` times, interleaved: (policy, `RolloutStats`) per run."""
-    from rstar2cli.agent.loop import AgentConfig, ToolBatcher
+    from rstar2cli.agent.loop import AgentConfig
+    from rstar2cli.agent.tools import ToolBatcher
     from rstar2cli.rollout.driver import run_rollout
 
     rows = []

@@ -177,7 +177,7 @@ def main() -> None:
 
     from rstar2cli.data.tiny import build_tiny_model_dir
     from rstar2cli.engines.build import make_engines
-    from rstar2cli.rl.stage_recipe import RlTrainConfig
+    from rstar2cli.rl.train_recipe import RlTrainConfig
     from rstar2cli.rl.workers import RayTrainers
 
     torch.set_num_threads(1)

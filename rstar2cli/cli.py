@@ -90,6 +90,17 @@ def _plain_flags(command: Any) -> None:
                 param.metavar = ""
 
 
+def _quiet_children(debug: bool) -> None:
+    """Without --debug, vLLM logs warnings only and the resource tracker's exit warnings are off."""
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "DEBUG" if debug else "WARNING")
+    filters = os.environ.get("PYTHONWARNINGS", "")
+    if not debug and _TRACKER_WARNINGS_OFF not in filters:
+        # NOTE: multiprocessing's resource tracker (a child process) warns at exit about the
+        # shared memory and semaphores it removed after processes that were killed, e.g. an
+        # engine abandoned mid-start by Ctrl-C; it has removed them, so there is nothing to do
+        os.environ["PYTHONWARNINGS"] = ",".join(filter(None, [filters, _TRACKER_WARNINGS_OFF]))
+
+
 def main(argv: list[str] | None = None) -> NoReturn:
     """Console-script entry point with one-line errors."""
     from rich.console import Console
@@ -104,13 +115,7 @@ def main(argv: list[str] | None = None) -> NoReturn:
     if debug:  # accepted anywhere on the line, as the error hint says; it is the root's option
         args = ["--debug", *(a for a in args if a != "--debug")]
     err = Console(stderr=True, highlight=False, soft_wrap=True)
-    os.environ.setdefault("VLLM_LOGGING_LEVEL", "DEBUG" if debug else "WARNING")
-    filters = os.environ.get("PYTHONWARNINGS", "")
-    if not debug and _TRACKER_WARNINGS_OFF not in filters:
-        # NOTE: multiprocessing's resource tracker (a child process) warns at exit about the
-        # shared memory and semaphores it removed after processes that were killed, e.g. an
-        # engine abandoned mid-start by Ctrl-C; it has removed them, so there is nothing to do
-        os.environ["PYTHONWARNINGS"] = ",".join(filter(None, [filters, _TRACKER_WARNINGS_OFF]))
+    _quiet_children(debug)
     try:
         _plain_flags(command := typer.main.get_command(app))
         try:

@@ -60,26 +60,6 @@ def plan_steps(out: Path, s: QuickstartSettings) -> list[Step]:
     sft_dir, rl_dir, eval_dir = out / "sft", out / "rl", out / "eval"
     sources = f"data.sources=[{{path: {train}, format: arith}}]"
 
-    def eval_step(label: str, model: Path) -> Step:
-        options = [
-            ("--model", model),
-            ("--data", test),
-            ("--sandbox", SANDBOX_URL_VAR),
-            ("--limit", s.eval_problems),
-            ("--samples", s.eval_samples),
-            ("--temperature", s.eval_temperature),
-            ("--max-turns", s.eval_max_turns),
-            ("--max-response-tokens", s.eval_max_response_tokens),
-            ("--seed", s.seed),
-            ("--out", eval_dir),
-            ("--label", label),
-        ]
-        return Step(
-            name=f"eval-{label}",
-            argv=_argv("eval", options),
-            done_marker=eval_dir / f".done-{label}",
-        )
-
     own_model = [] if s.model is None else [("--set", f"model={s.model}")]
     return [
         Step(
@@ -104,7 +84,7 @@ def plan_steps(out: Path, s: QuickstartSettings) -> list[Step]:
             ),
             done_marker=sft_dir / "final" / "config.json",
         ),
-        eval_step("sft", sft_dir / "final"),
+        _eval_step(s, label="sft", model=sft_dir / "final", test=test, eval_dir=eval_dir),
         Step(
             name="rl-stage",
             argv=_argv(
@@ -120,8 +100,32 @@ def plan_steps(out: Path, s: QuickstartSettings) -> list[Step]:
             ),
             done_marker=rl_dir / "final" / "config.json",
         ),
-        eval_step("rl", rl_dir / "final"),
+        _eval_step(s, label="rl", model=rl_dir / "final", test=test, eval_dir=eval_dir),
     ]
+
+
+def _eval_step(
+    s: QuickstartSettings, *, label: str, model: Path, test: Path, eval_dir: Path
+) -> Step:
+    """Evaluate `model` on the held-out split into `eval_dir`, labelled `label`."""
+    options = [
+        ("--model", model),
+        ("--data", test),
+        ("--sandbox", SANDBOX_URL_VAR),
+        ("--limit", s.eval_problems),
+        ("--samples", s.eval_samples),
+        ("--temperature", s.eval_temperature),
+        ("--max-turns", s.eval_max_turns),
+        ("--max-response-tokens", s.eval_max_response_tokens),
+        ("--seed", s.seed),
+        ("--out", eval_dir),
+        ("--label", label),
+    ]
+    return Step(
+        name=f"eval-{label}",
+        argv=_argv("eval", options),
+        done_marker=eval_dir / f".done-{label}",
+    )
 
 
 def _argv(verb: str, options: list[tuple[str, Any]]) -> list[str]:

@@ -147,75 +147,46 @@ def find_tool_call_blocks(turn_text: str) -> list[tuple[str, bool]]:
     return blocks
 
 
+def _bad_call(raw: str, error: str, name: str | None = None, code: str = "") -> ToolCall:
+    """A tool call that does not run: `error` is what the model reads back."""
+    return ToolCall(name=name, code=code, stdin="", error=error, raw=raw)
+
+
 def parse_tool_call(inner: str, closed: bool = True) -> ToolCall:
     raw = inner.strip()
     try:
         obj = json.loads(raw)
     except json.JSONDecodeError as exc:
         what = "unterminated tool call" if not closed else "invalid JSON in tool call"
-        return ToolCall(
-            name=None,
-            code="",
-            stdin="",
-            error=f"Error: {what}: {exc.msg} (line {exc.lineno} column {exc.colno})",
-            raw=raw,
-        )
+        return _bad_call(raw, f"Error: {what}: {exc.msg} (line {exc.lineno} column {exc.colno})")
     if not isinstance(obj, dict):
-        return ToolCall(
-            name=None,
-            code="",
-            stdin="",
-            error="Error: a tool call must be a JSON object with 'name' and 'arguments'",
-            raw=raw,
+        return _bad_call(
+            raw, "Error: a tool call must be a JSON object with 'name' and 'arguments'"
         )
     name = obj.get("name")
     if name != TOOL_NAME:
-        return ToolCall(
+        return _bad_call(
+            raw,
+            f"Error: unknown tool {name!r}; the only tool is {TOOL_NAME}",
             name=str(name) if name is not None else None,
-            code="",
-            stdin="",
-            error=f"Error: unknown tool {name!r}; the only tool is {TOOL_NAME}",
-            raw=raw,
         )
     args = obj.get("arguments", obj.get("parameters"))
     if isinstance(args, str):  # OpenAI style: arguments as a JSON string
         try:
             args = json.loads(args)
         except json.JSONDecodeError as exc:
-            return ToolCall(
-                name=name,
-                code="",
-                stdin="",
-                error=f"Error: arguments are not valid JSON: {exc.msg}",
-                raw=raw,
-            )
+            return _bad_call(raw, f"Error: arguments are not valid JSON: {exc.msg}", name=name)
     if not isinstance(args, dict):
-        return ToolCall(
-            name=name,
-            code="",
-            stdin="",
-            error="Error: 'arguments' must be a JSON object with a 'code' field",
-            raw=raw,
+        return _bad_call(
+            raw, "Error: 'arguments' must be a JSON object with a 'code' field", name=name
         )
     code, stdin = args.get("code"), args.get("input", "")
     if not isinstance(code, str) or not code.strip():
-        return ToolCall(
-            name=name,
-            code="",
-            stdin="",
-            error="Error: missing required argument 'code' (a string)",
-            raw=raw,
-        )
+        return _bad_call(raw, "Error: missing required argument 'code' (a string)", name=name)
     if stdin is None:
         stdin = ""
     if not isinstance(stdin, str):
-        return ToolCall(
-            name=name,
-            code=code,
-            stdin="",
-            error="Error: argument 'input' must be a string",
-            raw=raw,
-        )
+        return _bad_call(raw, "Error: argument 'input' must be a string", name=name, code=code)
     return ToolCall(name=name, code=code, stdin=stdin, error=None, raw=raw)
 
 

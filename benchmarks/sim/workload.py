@@ -69,7 +69,7 @@ class Cost:
     def draft(self, batch: int, ctx_tokens: float) -> int:
         """How many draft tokens an engine verifies per request in a step at `batch` and
         `ctx_tokens`: none above `spec_max_batch` (the engines' batch-size schedule,
-        vllm_engine.speculative_config), else the number, up to `max_draft`, that costs the
+        vllm_args.speculative_config), else the number, up to `max_draft`, that costs the
         least time per token made. A step's fixed part (the weights, the context) is shared by
         all the tokens it verifies, its per-token part is not, so drafting pays most at a low
         batch: the tail of a rollout."""

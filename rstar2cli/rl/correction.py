@@ -42,7 +42,7 @@ Metrics (every step, whatever the setting; tokens without an engine log-prob are
 The trainer scores at temperature 1 without top-p, so rho_t compares like with like only when the
 rollout samples at temperature 1.0 and top_p 1.0 (the recipe refuses a correction otherwise).
 
-Does not: compute log-probs, run models or decide defaults (stage_recipe.CorrectionConfig).
+Does not: compute log-probs, run models or decide defaults (train_recipe.CorrectionConfig).
 Tested in tests/unit/test_correction.py (3-4-token examples and a Monte-Carlo check of the
 corrected policy gradient on a categorical policy).
 """
@@ -55,7 +55,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 if TYPE_CHECKING:
-    from rstar2cli.rl.stage_recipe import CorrectionConfig
+    from rstar2cli.rl.train_recipe import CorrectionConfig
 
 METRIC_KEYS = (
     "mismatch_kl",

@@ -85,19 +85,15 @@ def ppo_clip_loss(
     if entropy_coef != 0.0 and entropy is None:
         raise ValueError("entropy_coef is set but entropy is None")
     mask = loss_mask.bool()  # [B, T]
-    if advantages.dim() == 1:
-        advantages = advantages[:, None]  # [B, 1], broadcast over tokens
-    advantages = advantages.expand_as(logprobs)  # [B, T]
-    # NOTE: the log-ratio is zeroed outside the mask before exp(), so padding with garbage
-    # log-probs cannot produce inf * 0 = NaN in the gradient.
-    log_ratio = torch.where(mask, logprobs - old_logprobs, torch.zeros_like(logprobs))  # [B, T]
-    ratio = torch.exp(log_ratio)  # [B, T]
-    unclipped = ratio * advantages  # [B, T]
-    clipped = torch.clamp(ratio, 1.0 - eps_low, 1.0 + eps_high) * advantages  # [B, T]
-    per_token = -torch.minimum(unclipped, clipped)  # [B, T]
-    if token_weights is not None:
-        per_token = per_token * token_weights.detach()  # [B, T]
-
+    per_token, ratio, log_ratio, advantages = _clip_terms(
+        logprobs=logprobs,
+        old_logprobs=old_logprobs,
+        advantages=advantages,
+        mask=mask,
+        eps_low=eps_low,
+        eps_high=eps_high,
+        token_weights=token_weights,
+    )
     num_tokens = int(mask.sum().item())
     denom = float(num_batch_tokens if num_batch_tokens is not None else max(num_tokens, 1))
     policy_loss = masked_sum(per_token, mask) / denom
@@ -125,6 +121,33 @@ def ppo_clip_loss(
         entropy=None if entropy is None else _masked_mean(entropy, mask),
         **metrics,
     )
+
+
+def _clip_terms(
+    *,
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    eps_low: float,
+    eps_high: float,
+    token_weights: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per-token clipped terms -min(r A, clip(r) A) (times `token_weights`), the ratio r, its
+    log and the advantages A broadcast to [B, T]."""
+    if advantages.dim() == 1:
+        advantages = advantages[:, None]  # [B, 1], broadcast over tokens
+    advantages = advantages.expand_as(logprobs)  # [B, T]
+    # NOTE: the log-ratio is zeroed outside the mask before exp(), so padding with garbage
+    # log-probs cannot produce inf * 0 = NaN in the gradient.
+    log_ratio = torch.where(mask, logprobs - old_logprobs, torch.zeros_like(logprobs))  # [B, T]
+    ratio = torch.exp(log_ratio)  # [B, T]
+    unclipped = ratio * advantages  # [B, T]
+    clipped = torch.clamp(ratio, 1.0 - eps_low, 1.0 + eps_high) * advantages  # [B, T]
+    per_token = -torch.minimum(unclipped, clipped)  # [B, T]
+    if token_weights is not None:
+        per_token = per_token * token_weights.detach()  # [B, T]
+    return per_token, ratio, log_ratio, advantages
 
 
 def _masked_mean(values: torch.Tensor, mask: torch.Tensor) -> float:

@@ -18,8 +18,9 @@ is checkpointed with the step, so a resumed run goes on with it (where a step st
 timing, so such a run is not repeated exactly on resume).
 
 With Ray (`--ray-address`, or several trainer ranks) the run first checks that every node can read
-the model and write OUT, and reserves GPUs for engines and ranks (rstar2cli/cluster/placement.py;
-one-line errors); OUT/placement.json records where each engine and rank landed.
+the model and write OUT, and reserves GPUs for engines and ranks (stage_setup.py, which also
+starts the ranks, the engines and the weight-sync group); OUT/placement.json records where each
+engine and rank landed. What each step rolls out, and how, is stage_rollout.py's.
 
 What it does not do: parse options or recipes (rstar2cli.commands.rl_stage), check inputs or read
 the problems and tokenizer (rstar2cli.preflight, which builds `StageInputs`), algorithms (the
@@ -44,8 +45,10 @@ from rstar2cli.rl.correction import METRIC_KEYS as CORRECTION_METRICS
 from rstar2cli.rl.partial import CARRY_FILE, Carry
 from rstar2cli.rl.selection import rollout_metrics, select, update_metrics
 from rstar2cli.rl.stage_recipe import RlRecipe
+from rstar2cli.rl.stage_rollout import StageRollouts
+from rstar2cli.rl.stage_setup import engine_devices, place, start_sync, start_trainers
 from rstar2cli.rl.trainer import UpdateSums
-from rstar2cli.rollout.jobs import Interrupted, StopSignals, scheduler_config, seed_base
+from rstar2cli.rollout.jobs import Interrupted, StopSignals
 
 if TYPE_CHECKING:
     from rstar2cli.rl.workers import Trainers
@@ -74,7 +77,7 @@ class StageRun:
         tokenizer: Any,
     ):
         self.recipe, self.opts = recipe, opts
-        self.problems, self.eval_problems, self.tokenizer = problems, eval_problems, tokenizer
+        self.tokenizer = tokenizer
         # NOTE: absolute, as Ray actors on other nodes read the model and write checkpoints
         opts.out = Path(opts.out).resolve()
         if opts.init_checkpoint is not None:
@@ -85,65 +88,18 @@ class StageRun:
         self.sync: Any = None
         # engines on the trainer's GPUs (asked for, or one GPU for both: _start_engines)
         self.colocated = recipe.rollout.colocate
-        self.engines: list[Any] = []
+        # the engines (set once they start) and the policy version each model turn records
+        self.rollouts = StageRollouts(
+            recipe=recipe, problems=problems, eval_problems=eval_problems, tokenizer=tokenizer
+        )
         self.saved_step = 0  # the newest checkpoint's step: where a rerun resumes
         self.stop = StopSignals()
         self.carry = Carry()  # partial rollout: what the last step carried into the next
-        # updates the engines' weights have had (a resumed run: its checkpoint's step); each
-        # model turn records it (rl/correction.py's stale tokens are the ones made before it)
-        self.policy_version = 0
-
-    # -- set-up ---------------------------------------------------------------------------
-
-    def _agent_config(self, seed_base: int, temperature: float) -> Any:
-        from rstar2cli.agent.loop import AgentConfig
-
-        r = self.recipe.rollout
-        return AgentConfig(
-            max_turns=r.max_turns,
-            max_response_tokens=r.max_response_tokens,
-            temperature=temperature,
-            top_p=r.top_p,
-            seed=seed_base,
-            template=self.recipe.data.template,
-            max_tool_output_chars=r.max_tool_output_chars,
-            tool_timeout_s=r.tool_timeout_s,
-            policy_version=self.policy_version,
-        )
-
-    def _start_trainers(self, placement: Any) -> tuple[int, bool]:
-        """Build the ranks and load state; returns (first step, weights differ from recipe.model)."""
-        from rstar2cli.rl.workers import make_trainers
-        from rstar2cli.train_utils import set_rng_state
-
-        r = self.recipe
-        options = None
-        if placement is not None:
-            options = [placement.options(bundle) for bundle in placement.plan.trainers]
-        self.trainers = make_trainers(
-            self.model,
-            r.train,
-            self.opts.ray_address,
-            actor_options=options,
-            correction=r.correction,
-        )
-        client = self.trainers.load_checkpoint(self.ckpt_dir)
-        if client is not None:
-            set_rng_state(client["rng"])
-            return int(client["step"]), True
-        if self.opts.init_checkpoint is not None:
-            self.trainers.load_checkpoint(
-                self.opts.init_checkpoint,
-                module_only=self.opts.reset_optimizer,
-                with_scheduler=False,
-            )
-            return 0, True
-        return 0, False
 
     # -- the loop -------------------------------------------------------------------------
 
     async def run(self) -> Path:
-        from rstar2cli.agent.loop import make_tool_runner
+        from rstar2cli.agent.tools import make_tool_runner
         from rstar2cli.reward.grader import Grader
         from rstar2cli.rollout.driver import rollout_session
 
@@ -151,20 +107,9 @@ class StageRun:
         r = self.recipe
         placement = self._place() if self.uses_ray else None
         start, push_first = self._start_trainers(placement)
-        self.saved_step = self.policy_version = start
+        self.saved_step = self.rollouts.policy_version = start
         if start:
-            print(f"rl-stage: resuming from step {start} (checkpoint in {self.ckpt_dir})")
-            carry_file = self.ckpt_dir / f"step{start}" / CARRY_FILE
-            if self.partial:
-                self.carry = Carry.load(
-                    carry_file, self.tokenizer, self._agent_config(0, r.rollout.temperature)
-                )
-            elif carry_file.is_file():
-                print(
-                    f"rl-stage: rollout.over_provision is 0: the samples step {start} carried "
-                    f"({carry_file}) are dropped; the data goes on from step {start} x "
-                    "num_prompts_per_step"
-                )
+            self._resume(start)
         try:
             async with rollout_session(
                 lambda: self._start_engines(placement),
@@ -174,8 +119,13 @@ class StageRun:
                     num_workers=r.sandbox.num_local_workers,
                     token_file=r.sandbox.token_file,
                 ),
-            ) as (self.engines, tools):
-                await self._start_sync()
+            ) as (self.rollouts.engines, tools):
+                self.sync = await start_sync(
+                    self.trainers,
+                    self.rollouts.engines,
+                    colocated=self.colocated,
+                    out=self.opts.out,
+                )
                 if push_first:
                     await self._push_weights()
                 with (
@@ -205,6 +155,22 @@ class StageRun:
             if placement is not None:
                 placement.release()
 
+    def _resume(self, start: int) -> None:
+        """Say where the run resumes; partial rollout takes back what that step carried."""
+        r = self.recipe
+        print(f"rl-stage: resuming from step {start} (checkpoint in {self.ckpt_dir})")
+        carry_file = self.ckpt_dir / f"step{start}" / CARRY_FILE
+        if self.partial:
+            self.carry = Carry.load(
+                carry_file, self.tokenizer, self.rollouts.agent_config(0, r.rollout.temperature)
+            )
+        elif carry_file.is_file():
+            print(
+                f"rl-stage: rollout.over_provision is 0: the samples step {start} carried "
+                f"({carry_file}) are dropped; the data goes on from step {start} x "
+                "num_prompts_per_step"
+            )
+
     @property
     def partial(self) -> bool:
         return self.recipe.rollout.over_provision > 0
@@ -213,45 +179,36 @@ class StageRun:
     def uses_ray(self) -> bool:
         return self.opts.ray_address is not None or self.recipe.train.num_trainer_ranks > 1
 
-    def _place(self) -> Any:
-        """Join Ray, check that every node sees the paths, reserve the GPUs (one-line errors)."""
-        from rstar2cli.cluster.placement import (
-            RayPlacement,
-            check_paths_on_nodes,
-            has_cluster_gpus,
-            plan_bundles,
-        )
-        from rstar2cli.rl.workers import init_ray
+    # -- set-up (stage_setup.py) ------------------------------------------------------------
 
-        r = self.recipe
-        init_ray(self.opts.ray_address, r.rollout.num_engines + r.train.num_trainer_ranks)
+    def _place(self) -> Any:
         readable = [self.model] + [str(p) for p in (self.opts.init_checkpoint,) if p is not None]
-        check_paths_on_nodes(readable, writable=[str(self.opts.out)])
-        plan = plan_bundles(
-            r.rollout.num_engines,
-            r.rollout.tensor_parallel_size,
-            r.train.num_trainer_ranks,
-            has_cluster_gpus(),
-            colocate=r.rollout.colocate,
+        return place(
+            self.recipe, ray_address=self.opts.ray_address, readable=readable, out=self.opts.out
         )
-        return RayPlacement.reserve(plan)
+
+    def _start_trainers(self, placement: Any) -> tuple[int, bool]:
+        """Build the ranks and load state; returns (first step, weights differ from recipe.model)."""
+        self.trainers, start, push_first = start_trainers(
+            self.recipe,
+            model=self.model,
+            ray_address=self.opts.ray_address,
+            placement=placement,
+            ckpt_dir=self.ckpt_dir,
+            init_checkpoint=self.opts.init_checkpoint,
+            reset_optimizer=self.opts.reset_optimizer,
+        )
+        return start, push_first
 
     def _start_engines(self, placement: Any) -> list[Any]:
-        from rstar2cli.cluster.placement import colocated_devices, engines_beside_trainer
         from rstar2cli.engines.build import make_engines
 
         r = self.recipe
-        if placement is not None and placement.plan.colocated:
-            gpu_ids = [p["gpu_ids"] for p in self.trainers.placements()]
-            placement.engine_devices = colocated_devices(placement.plan, gpu_ids)
-        devices = None
-        if placement is None:
-            import torch
-
-            devices, shared = engines_beside_trainer(torch.cuda.device_count(), r.rollout.colocate)
-            if shared:
-                self._check_shared_gpu()
-                self.colocated = True
+        devices, shared = engine_devices(
+            r, model=self.model, trainers=self.trainers, placement=placement
+        )
+        if shared:
+            self.colocated = True
         return make_engines(
             self.model,
             r.rollout.num_engines,
@@ -268,44 +225,6 @@ class StageRun:
             speculative=r.rollout.speculative,
         )
 
-    def _check_shared_gpu(self) -> None:
-        """In-process engines on the trainer's GPU: the trainer's resident state plus the
-        engines' shares must fit it (gpu_fit.check_shared_gpu), else one line before any start."""
-        import torch
-
-        from rstar2cli.cluster import gpu_fit
-        from rstar2cli.cluster.placement import gpu_memory_fraction
-
-        r = self.recipe
-        per_engine = [(0,)] * r.rollout.num_engines
-        share = gpu_memory_fraction(per_engine, True, r.rollout.gpu_memory_fraction)
-        numel = gpu_fit.model_numel(self.model)
-        gpu_fit.check_shared_gpu(
-            trainer_bytes=gpu_fit.trainer_resident_bytes(numel, r.train.zero_stage, world=1),
-            memory_fraction=share * r.rollout.num_engines,
-            device_bytes=torch.cuda.get_device_properties(0).total_memory,
-        )
-
-    async def _start_sync(self) -> None:
-        """The broadcast group (or the disk fallback), and where everything landed (placement.json)."""
-        from rstar2cli.fileio import write_json_atomic
-        from rstar2cli.rl.sync import WeightSync
-
-        self.sync = WeightSync(self.trainers, self.engines, colocated=self.colocated)
-        await self.sync.setup()
-        broadcast = {e.name for e in self.sync.broadcast_engines}
-        write_json_atomic(
-            self.opts.out / "placement.json",
-            {
-                "engines": [
-                    {"name": e.name, "weight_sync": "broadcast" if e.name in broadcast else "disk"}
-                    | getattr(e, "placement", {})
-                    for e in self.engines
-                ],
-                "trainer_ranks": self.trainers.placements(),
-            },
-        )
-
     def _reporter(self, start: int) -> Any:
         from rstar2cli.rl.stage_report import StageReporter
 
@@ -319,28 +238,19 @@ class StageRun:
             live=self.opts.live,
         )
 
-    async def _step(self, step: int, tools: Any, grader: Any, rep: Any) -> None:
-        from rstar2cli.train_utils import batch_indices
+    # -- one step -----------------------------------------------------------------------------
 
+    async def _step(self, step: int, tools: Any, grader: Any, rep: Any) -> None:
         r = self.recipe
         began = time.perf_counter()
         partial_row: dict[str, Any] = {}
         if self.partial:
-            records, grade_s, stats, partial_row = await self._partial_rollout(
-                step, tools, grader, rep.rollout_tick
+            records, grade_s, stats, partial_row, self.carry = await self.rollouts.partial_rollout(
+                step, carry=self.carry, tools=tools, grader=grader, on_tick=rep.rollout_tick
             )
         else:
-            idx = batch_indices(
-                step, len(self.problems), r.rollout.num_prompts_per_step, r.train.seed
-            )
-            records, grade_s, stats = await self._rollout(
-                problems=[self.problems[i] for i in idx],
-                num_samples=r.rollout.num_samples_per_prompt,
-                seed=seed_base(r.train.seed, step),
-                temperature=r.rollout.temperature,
-                tools=tools,
-                grader=grader,
-                on_tick=rep.rollout_tick,
+            records, grade_s, stats = await self.rollouts.step_rollout(
+                step, tools=tools, grader=grader, on_tick=rep.rollout_tick
             )
         rollout_s = time.perf_counter() - began - grade_s
         self._health_gate(records)
@@ -356,17 +266,8 @@ class StageRun:
         }
         if stats.drafts[0]:  # speculative decoding drafted in this step's rollout
             row.update(draft_tokens=stats.drafts[0], draft_acceptance=stats.draft_acceptance)
-        if sel.samples:
-            await self.sync.before_update()
-            row.update(update_metrics(self._update(sel.samples, step)))
-            update_s = time.perf_counter() - t0
-            rep.phase("sync")
-            t0 = time.perf_counter()
-            row.update(await self._push_weights())
-            self.policy_version = step + 1
-            sync_s = time.perf_counter() - t0
-        else:
-            update_s = sync_s = 0.0
+        trained, update_s, sync_s = await self._train(sel.samples, step, rep, t0)
+        row.update(trained)
         if r.eval.every_steps > 0 and (
             (step + 1) % r.eval.every_steps == 0 or step + 1 == r.train.num_steps
         ):
@@ -382,12 +283,29 @@ class StageRun:
         if (step + 1) % r.checkpoint.every_steps == 0 or step + 1 == r.train.num_steps:
             self._checkpoint(step + 1)
 
+    async def _train(
+        self, samples: list[TrainSample], step: int, rep: Any, t0: float
+    ) -> tuple[dict[str, Any], float, float]:
+        """Update on the step's samples, then push the new weights to the engines: the update's
+        and the sync's metrics, and the seconds each took since `t0` (none kept: nothing, 0.0)."""
+        if not samples:
+            return {}, 0.0, 0.0
+        await self.sync.before_update()
+        row = update_metrics(self._update(samples, step))
+        update_s = time.perf_counter() - t0
+        rep.phase("sync")
+        t0 = time.perf_counter()
+        row.update(await self._push_weights())
+        self.rollouts.policy_version = step + 1
+        sync_s = time.perf_counter() - t0
+        return row, update_s, sync_s
+
     def _health_gate(self, records: list[GradedRecord]) -> None:
         from rstar2cli.rl.health import check_tool_health
 
         num_failed = sum(1 for rec in records if rec["finish_reason"] == "engine_error")
         if num_failed > len(records) // 2:
-            names = ", ".join(e.name for e in self.engines)
+            names = ", ".join(e.name for e in self.rollouts.engines)
             raise UserError(
                 f"engine health: {num_failed}/{len(records)} rollouts ended in engine_error on "
                 f"{names}; see the engine log above (the step was not trained on)"
@@ -417,124 +335,7 @@ class StageRun:
 
     async def _evaluate(self, step: int, tools: Any, grader: Any, rep: Any) -> float:
         rep.phase("eval")
-        r = self.recipe
-        records, _, _ = await self._rollout(
-            problems=self.eval_problems,
-            num_samples=1,
-            seed=seed_base(r.train.seed, step, eval_pass=True),
-            temperature=r.eval.temperature,
-            tools=tools,
-            grader=grader,
-        )
-        return sum(rec["reward"] for rec in records) / max(len(records), 1)
-
-    async def _rollout(
-        self,
-        problems: list[dict[str, Any]],
-        num_samples: int,
-        seed: int,
-        temperature: float,
-        tools: Any,
-        grader: Any,
-        on_tick: Any = None,
-    ) -> tuple[list[GradedRecord], float, Any]:
-        """The rollout job on the stage's engines: graded records in item order (reproducible
-        whatever order they finished in), the seconds spent grading, and the driver's
-        `RolloutStats`."""
-        from rstar2cli.rollout.jobs import in_item_order, make_items
-
-        items = make_items(problems, num_samples)
-        rows, grade_s, stats = await self._roll_items(
-            items=items,
-            seed=seed,
-            temperature=temperature,
-            tools=tools,
-            grader=grader,
-            on_tick=on_tick,
-        )
-        return in_item_order(rows, items), grade_s, stats
-
-    async def _roll_items(
-        self,
-        items: list[dict[str, Any]],
-        seed: int,
-        temperature: float,
-        tools: Any,
-        grader: Any,
-        on_tick: Any = None,
-        **partial: Any,
-    ) -> tuple[list[GradedRecord], float, Any]:
-        """`items` rolled out and graded: (rows in finish order, grading seconds, the driver's
-        `RolloutStats`). `partial`: `rollout_and_grade`'s on_record, carried and stop_when."""
-        from rstar2cli.rollout.jobs import GradedSink, rollout_and_grade
-
-        sink = GradedSink(grader, flush_every=None)
-        stats = await rollout_and_grade(
-            engines=self.engines,
-            items=items,
-            tokenizer=self.tokenizer,
-            agent_config=self._agent_config(seed, temperature),
-            sched_config=self._sched_config(),
-            tools=tools,
-            sink=sink,
-            on_tick=on_tick,
-            **partial,
-        )
-        return sink.rows, sink.grade_s, stats
-
-    def _sched_config(self) -> Any:
-        r = self.recipe.rollout
-        return scheduler_config(r, step_tokens=r.step_tokens)
-
-    async def _partial_rollout(
-        self, step: int, tools: Any, grader: Any, on_tick: Any
-    ) -> tuple[list[GradedRecord], float, Any, dict[str, Any]]:
-        """A partial-rollout step (rstar2cli/rl/partial.py): the carried trajectories and fresh
-        prompts rolled out until enough prompt instances are whole. Returns the whole instances'
-        graded records, the seconds spent grading, the driver's stats and the step's partial
-        metrics; `self.carry` becomes what this step carries."""
-        from rstar2cli.rl.partial import (
-            StepInstances,
-            end_step,
-            fresh_items,
-            num_fresh,
-            stale_token_share,
-        )
-        from rstar2cli.train_utils import stream_indices
-
-        r, carry = self.recipe.rollout, self.carry
-        count = num_fresh(r.num_prompts_per_step, r.over_provision, carry)
-        idx = stream_indices(carry.cursor, count, len(self.problems), self.recipe.train.seed)
-        items = fresh_items([self.problems[i] for i in idx], r.num_samples_per_prompt, step)
-        instances = StepInstances(carry, r.num_samples_per_prompt, r.num_prompts_per_step)
-        rows, grade_s, stats = await self._roll_items(
-            items=items,
-            seed=seed_base(self.recipe.train.seed, step),
-            temperature=r.temperature,
-            tools=tools,
-            grader=grader,
-            on_tick=on_tick,
-            on_record=instances.on_record,
-            carried=carry.trajectories,
-            stop_when=instances.enough,
-        )
-        whole, self.carry = end_step(
-            carry=carry,
-            num_fresh=count,
-            rows=rows,
-            instances=instances,
-            unfinished=stats.unfinished,
-        )
-        return (
-            whole,
-            grade_s,
-            stats,
-            {
-                "num_fresh_prompts": count,
-                "num_carried": len(self.carry.trajectories),
-                "stale_token_share": stale_token_share(whole),
-            },
-        )
+        return await self.rollouts.evaluate(step, tools, grader)
 
     def _checkpoint(self, step: int) -> None:
         from rstar2cli.train_utils import prune_checkpoints, rng_state

@@ -52,9 +52,9 @@ from typing import TYPE_CHECKING, Any
 from rstar2cli import protocol as P
 from rstar2cli.rl.batch import MicroBatch, RankPlan, TrainSample, collate
 from rstar2cli.rl.correction import CorrectionSums, token_weights
-from rstar2cli.rl.loss import ppo_clip_loss
+from rstar2cli.rl.loss import LossMetrics, ppo_clip_loss
 from rstar2cli.rl.shared_prompt import collate_shared
-from rstar2cli.rl.stage_recipe import CorrectionConfig, RlTrainConfig
+from rstar2cli.rl.train_recipe import CorrectionConfig, RlTrainConfig
 from rstar2cli.train_utils import step_with_grad_norm
 
 if TYPE_CHECKING:
@@ -80,6 +80,19 @@ class UpdateSums:
     correction: CorrectionSums = field(default_factory=CorrectionSums)
     grad_norms: list[float | None] = field(default_factory=list)
     lr: float = 0.0
+
+    def add_micro_batch(self, metrics: LossMetrics, loss_sum: float, num_trajectories: int) -> None:
+        """Add one micro-batch: its loss times the batch's token count, its per-token means
+        weighted by its tokens."""
+        n = metrics.num_tokens
+        self.num_tokens += n
+        self.num_trajectories += num_trajectories
+        self.loss += loss_sum
+        self.clip_low += metrics.clip_frac_low * n
+        self.clip_high += metrics.clip_frac_high * n
+        self.approx_kl += metrics.approx_kl * n
+        self.entropy += (metrics.entropy or 0.0) * n
+        self.kl_ref += (metrics.kl_ref or 0.0) * n
 
 
 def lr_factor(step: int, warmup_steps: int) -> float:
@@ -235,6 +248,11 @@ class PolicyTrainer:
             sums.grad_norms.append(step_with_grad_norm(self.engine, self.cfg.zero_stage))
         return sums
 
+    def _empty_backward(self) -> None:
+        """A zero-gradient backward on a dummy row: the rank still joins the collective."""
+        logp, _ = self._score(self.engine, self._dummy())
+        self.engine.backward(logp.sum() * 0.0)
+
     def _micro_step(
         self,
         samples: list[TrainSample],
@@ -247,8 +265,7 @@ class PolicyTrainer:
         import torch
 
         if old is None or num_batch_tokens == 0:
-            logp, _ = self._score(self.engine, self._dummy())
-            self.engine.backward(logp.sum() * 0.0)
+            self._empty_backward()
             return
         cfg = self.cfg
         batch = self._collate(samples)
@@ -291,15 +308,11 @@ class PolicyTrainer:
             token_weights=weights[None],
         )
         self.engine.backward(loss * self.world)
-        n = metrics.num_tokens
-        sums.num_tokens += n
-        sums.num_trajectories += len(samples)
-        sums.loss += float(loss.detach()) * num_batch_tokens  # loss is a share of the batch mean
-        sums.clip_low += metrics.clip_frac_low * n
-        sums.clip_high += metrics.clip_frac_high * n
-        sums.approx_kl += metrics.approx_kl * n
-        sums.entropy += (metrics.entropy or 0.0) * n
-        sums.kl_ref += (metrics.kl_ref or 0.0) * n
+        sums.add_micro_batch(
+            metrics,
+            loss_sum=float(loss.detach()) * num_batch_tokens,  # loss is a share of the batch mean
+            num_trajectories=len(samples),
+        )
 
     # -- weights and checkpoints ----------------------------------------------------------
 

@@ -30,7 +30,7 @@ from typing import Any, Protocol
 
 from rstar2cli.cluster.weight_sync import GroupAddress, SyncPlan, free_port, open_group
 from rstar2cli.rl.batch import RankPlan
-from rstar2cli.rl.stage_recipe import CorrectionConfig, RlTrainConfig
+from rstar2cli.rl.train_recipe import CorrectionConfig, RlTrainConfig
 from rstar2cli.rl.trainer import PolicyTrainer, UpdateSums
 
 

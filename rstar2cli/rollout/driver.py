@@ -31,14 +31,8 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from rstar2cli.agent.loop import (
-    AgentConfig,
-    Next,
-    ToolBatcher,
-    ToolRunner,
-    Trajectory,
-    prompt_ids_for,
-)
+from rstar2cli.agent.loop import AgentConfig, Next, Trajectory, prompt_ids_for
+from rstar2cli.agent.tools import ToolBatcher, ToolRunner
 from rstar2cli.errors import UserError
 from rstar2cli.records import TrajectoryRecord
 from rstar2cli.scheduler.scheduler import Scheduler, SchedulerConfig, Status
@@ -194,26 +188,8 @@ async def run_rollout(
         for task in list(run.tasks):
             task.cancel()
     run.take_sample(on_tick)
-    preemptions, *drafts = (
-        a - b for a, b in zip(_counter_totals(engines), counted_before, strict=True)
-    )
-    s = run.sched
-    return RolloutStats(
-        policy=sched_config.policy,
-        kv_mode=sched_config.kv_mode,
-        num_trajectories=len(items) + len(carried),
-        makespan_s=time.monotonic() - run.start,
-        num_generated_tokens=run.num_generated_tokens,
-        engine_busy_s=[s.busy_s(e) for e in range(len(engines))],
-        num_preemptions=preemptions,
-        num_migrations=s.num_migrations,
-        num_tool_calls=len(tools.latencies_s) - run.tool_latency_offset,
-        tool_latency_s=tools.latencies_s[run.tool_latency_offset :],
-        kv_samples=run.kv_samples,
-        max_ledger_used_tokens=list(s.ledger.max_used_tokens),
-        drafts=(drafts[0], drafts[1], drafts[2]),
-        capacity_tokens=list(s.capacity_tokens),
-        unfinished=list(run.trajs.values()),
+    return run.stats(
+        sched_config, counted_before=counted_before, num_trajectories=len(items) + len(carried)
     )
 
 
@@ -372,6 +348,32 @@ class _Run:
         while True:
             self.take_sample(on_tick)
             await asyncio.sleep(every_s)
+
+    def stats(
+        self, sched_config: SchedulerConfig, counted_before: list[float], num_trajectories: int
+    ) -> RolloutStats:
+        """What the run did, its engines' counters taken against `counted_before`."""
+        preemptions, *drafts = (
+            a - b for a, b in zip(_counter_totals(self.engines), counted_before, strict=True)
+        )
+        s = self.sched
+        return RolloutStats(
+            policy=sched_config.policy,
+            kv_mode=sched_config.kv_mode,
+            num_trajectories=num_trajectories,
+            makespan_s=time.monotonic() - self.start,
+            num_generated_tokens=self.num_generated_tokens,
+            engine_busy_s=[s.busy_s(e) for e in range(len(self.engines))],
+            num_preemptions=preemptions,
+            num_migrations=s.num_migrations,
+            num_tool_calls=len(self.tools.latencies_s) - self.tool_latency_offset,
+            tool_latency_s=self.tools.latencies_s[self.tool_latency_offset :],
+            kv_samples=self.kv_samples,
+            max_ledger_used_tokens=list(s.ledger.max_used_tokens),
+            drafts=(drafts[0], drafts[1], drafts[2]),
+            capacity_tokens=list(s.capacity_tokens),
+            unfinished=list(self.trajs.values()),
+        )
 
     def take_sample(self, on_tick: Callable[[Snapshot], None] | None) -> None:
         n = len(self.engines)

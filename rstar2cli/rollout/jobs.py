@@ -340,7 +340,7 @@ class _CommandRun:
     async def _main(
         self, start_engines: Callable[[], Any], tool_urls: list[str], token_file: Path | None
     ) -> Any:
-        from rstar2cli.agent.loop import make_tool_runner
+        from rstar2cli.agent.tools import make_tool_runner
         from rstar2cli.rollout.driver import rollout_session
 
         self.stop.arm(self.sink.close_intake)

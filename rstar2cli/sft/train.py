@@ -216,10 +216,44 @@ def _all_sum(values: list[float], device: Any) -> list[float]:
     return t.tolist()
 
 
+def _step_and_report(
+    *,
+    step: int,
+    engine: Any,
+    examples: list[Any],
+    recipe: SftRecipe,
+    pad_id: int,
+    rank: int,
+    world: int,
+    reporter: Any,
+) -> None:
+    """Train step `step` (0-based) on its batch and report its loss, summed over the ranks."""
+    began = time.perf_counter()
+    idx = batch_indices(step, len(examples), recipe.train.global_batch_size, recipe.train.seed)
+    lr = engine.get_lr()[0]  # NOTE: read before the step; the scheduler advances in it
+    *local, grad_norm = _train_step(
+        engine=engine,
+        examples=examples,
+        idx=idx,
+        recipe=recipe,
+        pad_id=pad_id,
+        rank=rank,
+        world=world,
+    )
+    loss_sum, num_targets, num_tokens = _all_sum(local, engine.device)
+    reporter.step(
+        step=step + 1,
+        loss=loss_sum / max(1.0, num_targets),
+        lr=lr,
+        grad_norm=grad_norm,
+        num_tokens=int(num_tokens),
+        step_time_s=time.perf_counter() - began,
+    )
+
+
 def run(recipe: SftRecipe, out: Path) -> Path:
     """Train (or resume) into `out`; returns the final HF folder."""
     import torch
-    import torch.distributed as dist
 
     from rstar2cli.sft.progress import Reporter
     from rstar2cli.train_utils import init_distributed
@@ -249,28 +283,15 @@ def run(recipe: SftRecipe, out: Path) -> Path:
     )
     with reporter:
         for step in range(start, num_steps):
-            began = time.perf_counter()
-            idx = batch_indices(
-                step, len(examples), recipe.train.global_batch_size, recipe.train.seed
-            )
-            lr = engine.get_lr()[0]  # NOTE: read before the step; the scheduler advances in it
-            *local, grad_norm = _train_step(
+            _step_and_report(
+                step=step,
                 engine=engine,
                 examples=examples,
-                idx=idx,
                 recipe=recipe,
                 pad_id=tok.pad_token_id,
                 rank=rank,
                 world=world,
-            )
-            loss_sum, num_targets, num_tokens = _all_sum(local, engine.device)
-            reporter.step(
-                step=step + 1,
-                loss=loss_sum / max(1.0, num_targets),
-                lr=lr,
-                grad_norm=grad_norm,
-                num_tokens=int(num_tokens),
-                step_time_s=time.perf_counter() - began,
+                reporter=reporter,
             )
             if (step + 1) % recipe.checkpoint.every_steps == 0 or step + 1 == num_steps:
                 _save(
@@ -281,6 +302,14 @@ def run(recipe: SftRecipe, out: Path) -> Path:
                     rank=rank,
                 )
     final = save_final(engine=engine, tok=tok, out=out, recipe=recipe, rank=rank)
+    _leave_group(world)
+    return final
+
+
+def _leave_group(world: int) -> None:
+    """Wait for every rank; with several, end the process group before the ranks exit."""
+    import torch.distributed as dist
+
     dist.barrier()
     if world > 1:
         # NOTE: several ranks come from a launcher and exit next; a process group left to
@@ -289,4 +318,3 @@ def run(recipe: SftRecipe, out: Path) -> Path:
         # it: `rstar2 quickstart` runs the next stages in this process, and DeepSpeed holds on
         # to the group.
         dist.destroy_process_group()
-    return final

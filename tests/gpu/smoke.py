@@ -157,7 +157,7 @@ def _train(args: argparse.Namespace, zero_stage: int) -> dict[str, Any]:
 
     import torch
 
-    from rstar2cli.rl.stage_recipe import RlTrainConfig
+    from rstar2cli.rl.train_recipe import RlTrainConfig
     from rstar2cli.rl.trainer import PolicyTrainer, plan_update
     from rstar2cli.train_utils import init_distributed
 

@@ -186,7 +186,8 @@ def test_rollout_with_predicted_admission_and_tail_engines_on_two_engines(tmp_pa
 def test_forced_tool_call_runs_in_daemon_and_vllm_continues(tiny_model_dir):
     from transformers import AutoTokenizer
 
-    from rstar2cli.agent.loop import AgentConfig, Next, ToolBatcher, Trajectory, prompt_ids_for
+    from rstar2cli.agent.loop import AgentConfig, Next, Trajectory, prompt_ids_for
+    from rstar2cli.agent.tools import ToolBatcher
     from rstar2cli.engines.base import GenOutput
     from rstar2cli.engines.build import make_engines
     from sandboxd.client import SandboxClient

@@ -40,7 +40,7 @@ def _samples(vocab: int, step: int) -> list:
 
 
 def _config(zero_stage: int, **extra):
-    from rstar2cli.rl.stage_recipe import RlTrainConfig
+    from rstar2cli.rl.train_recipe import RlTrainConfig
 
     return RlTrainConfig(
         lr=1.0e-2,  # large, so the first mini-batch's step moves the second one's ratios past the clip

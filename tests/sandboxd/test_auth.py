@@ -20,7 +20,7 @@ import urllib.request
 
 import pytest
 
-from rstar2cli.agent.loop import ToolBatcher
+from rstar2cli.agent.tools import ToolBatcher
 from rstar2cli.errors import UserError
 from sandboxd.auth import (
     TOKEN_ENV,

@@ -1,4 +1,4 @@
-"""The agent loop's ToolBatcher over both tool runners: the in-process pool and a real daemon."""
+"""The agent's ToolBatcher over both tool runners: the in-process pool and a real daemon."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from rstar2cli.agent.loop import ToolBatcher
+from rstar2cli.agent.tools import ToolBatcher
 from sandboxd.pool import LocalSandbox
 
 

@@ -13,11 +13,11 @@ from scripted import ScriptedEngine
 from rstar2cli import protocol as P
 from rstar2cli.agent.loop import (
     AgentConfig,
-    ToolBatcher,
     Trajectory,
     prompt_ids_for,
     run_trajectory,
 )
+from rstar2cli.agent.tools import ToolBatcher
 from rstar2cli.data.tiny import build_tokenizer
 from rstar2cli.engines.base import GenOutput
 from rstar2cli.rollout.driver import run_rollout

@@ -11,7 +11,7 @@ import torch
 
 from rstar2cli.rl.correction import CorrectionSums, token_weights
 from rstar2cli.rl.loss import ppo_clip_loss
-from rstar2cli.rl.stage_recipe import CorrectionConfig
+from rstar2cli.rl.train_recipe import CorrectionConfig
 
 # One sequence of 4 model tokens. pi_old = [0.5, 0.2, 0.9, 0.3], mu = [0.4, 0.4, 0.3, 0.3]
 # rho = pi_old / mu = [1.25, 0.5, 3.0, 1.0]

@@ -11,7 +11,7 @@ import pytest
 
 from rstar2cli.cluster import gpu_fit
 from rstar2cli.cluster.placement import GPU_MEMORY_FRACTION
-from rstar2cli.engines.vllm_engine import kv_bytes_per_token, sizing_args
+from rstar2cli.engines.vllm_args import kv_bytes_per_token, sizing_args
 from rstar2cli.errors import UserError
 from rstar2cli.recipe import load_recipe
 from rstar2cli.rl.stage_recipe import RlRecipe

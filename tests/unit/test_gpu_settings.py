@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from rstar2cli import train_utils
-from rstar2cli.engines import ray_engine, vllm_engine
+from rstar2cli.engines import ray_engine, vllm_args
 
 
 @pytest.mark.parametrize("stage", [1, 2, 3])
@@ -56,16 +56,16 @@ def test_sft_sums_over_ranks_on_the_engine_device(monkeypatch):
 
 
 def test_tensor_parallel_engines_use_multiprocessing_workers():
-    assert vllm_engine.executor_backend(1) is None  # vLLM's own choice: one worker in-process
-    assert vllm_engine.executor_backend(2) == "mp"  # never Ray's backend inside our bundle
-    assert vllm_engine.executor_backend(8) == "mp"
+    assert vllm_args.executor_backend(1) is None  # vLLM's own choice: one worker in-process
+    assert vllm_args.executor_backend(2) == "mp"  # never Ray's backend inside our bundle
+    assert vllm_args.executor_backend(8) == "mp"
 
 
 def test_an_engine_given_gpus_is_on_a_gpu_whatever_torch_sees():
     # a colocated Ray actor asked for 0 GPUs; Ray < 2.60 blanked CUDA_VISIBLE_DEVICES for it
-    assert vllm_engine._on_gpu(("0",)) is True
-    assert vllm_engine._on_gpu(("GPU-1a2b",)) is True
-    assert vllm_engine._on_gpu(()) is False  # this machine has no CUDA
+    assert vllm_args.runs_on_gpu(("0",)) is True
+    assert vllm_args.runs_on_gpu(("GPU-1a2b",)) is True
+    assert vllm_args.runs_on_gpu(()) is False  # this machine has no CUDA
 
 
 def test_engine_actors_keep_the_nodes_visible_devices():

@@ -14,7 +14,8 @@ import pytest
 from scripted import ScriptedEngine
 
 from rstar2cli import protocol as P
-from rstar2cli.agent.loop import AgentConfig, ToolBatcher
+from rstar2cli.agent.loop import AgentConfig
+from rstar2cli.agent.tools import ToolBatcher
 from rstar2cli.data.tiny import build_tokenizer
 from rstar2cli.errors import UserError
 from rstar2cli.reward.grader import Grader

@@ -18,7 +18,8 @@ from scripted import ScriptedEngine
 from typing_extensions import get_type_hints, is_typeddict
 
 from rstar2cli import protocol as P
-from rstar2cli.agent.loop import AgentConfig, ToolBatcher
+from rstar2cli.agent.loop import AgentConfig
+from rstar2cli.agent.tools import ToolBatcher
 from rstar2cli.data.tiny import build_tokenizer
 from rstar2cli.records import GradedRecord, TrajectoryRecord
 from rstar2cli.reward.grader import Grader

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from rstar2cli.engines.base import SPECULATIVE_MAX_BATCH, parse_speculative
-from rstar2cli.engines.vllm_engine import VllmStats, speculative_config
+from rstar2cli.engines.vllm_args import VllmStats, speculative_config
 from rstar2cli.errors import UserError
 
 
