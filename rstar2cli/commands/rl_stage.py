@@ -18,10 +18,14 @@ tests/cli/test_stage_preflight.py.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
 from rstar2cli.errors import UserError
+
+if TYPE_CHECKING:
+    from rstar2cli.rl.stage_recipe import RlRecipe
 
 
 def rl_stage(
@@ -74,15 +78,13 @@ def rl_stage(
 
     console = Console(highlight=False, stderr=True)
     resolved = load_recipe(recipe, RlRecipe, list(sets or []))
-    init_checkpoint = None
-    if init_from is not None:
-        resolved.model, init_checkpoint = _resolve_init(init_from, reset_optimizer)
-    elif reset_optimizer:
-        raise UserError("--reset-optimizer needs --init-from (a previous rl-stage OUT)")
-    if sandbox:
-        resolved.sandbox.urls = list(sandbox)
-    if sandbox_token_file is not None:
-        resolved.sandbox.token_file = str(sandbox_token_file)
+    init_checkpoint = _apply_where(
+        resolved,
+        init_from=init_from,
+        reset_optimizer=reset_optimizer,
+        sandbox=sandbox,
+        sandbox_token_file=sandbox_token_file,
+    )
     preflight.check_rl_inputs(resolved)
     preflight.check_ray_address(ray_address)
     check_output_path(out)
@@ -106,6 +108,27 @@ def rl_stage(
     console.print(
         f"rl-stage: done; model in {final} (metrics: {out / 'metrics.jsonl'}, plots: {out / 'curves.png'})"
     )
+
+
+def _apply_where(
+    resolved: RlRecipe,
+    *,
+    init_from: Path | None,
+    reset_optimizer: bool,
+    sandbox: list[str] | None,
+    sandbox_token_file: Path | None,
+) -> Path | None:
+    """Put the options that say where into the recipe; the checkpoint to load state from."""
+    init_checkpoint = None
+    if init_from is not None:
+        resolved.model, init_checkpoint = _resolve_init(init_from, reset_optimizer)
+    elif reset_optimizer:
+        raise UserError("--reset-optimizer needs --init-from (a previous rl-stage OUT)")
+    if sandbox:
+        resolved.sandbox.urls = list(sandbox)
+    if sandbox_token_file is not None:
+        resolved.sandbox.token_file = str(sandbox_token_file)
+    return init_checkpoint
 
 
 def _resolve_init(init_from: Path, reset_optimizer: bool) -> tuple[str, Path | None]:
