@@ -151,32 +151,21 @@ def test_partial_rollout_over_provisions_carries_and_counts_the_old_tokens():
         ).makespan_s
         for s in range(3)
     ]
-    none = simulate_partial(
+    run = dict(
         num_prompts=4,
         num_samples=4,
         max_response=2048,
         seed=0,
         num_steps=3,
-        over_provision=0.0,
         config=cfg,
         num_engines=2,
         capacity_tokens=50_000,
         cost=cost,
     )
+    none = simulate_partial(over_provision=0.0, **run)
     assert [s.makespan_s for s in none] == pytest.approx(whole)  # nothing extra, nothing carried
     assert all(s.num_carried == 0 and s.off_policy_share == 0 for s in none)
-    over = simulate_partial(
-        num_prompts=4,
-        num_samples=4,
-        max_response=2048,
-        seed=0,
-        num_steps=3,
-        over_provision=0.5,
-        config=cfg,
-        num_engines=2,
-        capacity_tokens=50_000,
-        cost=cost,
-    )
+    over = simulate_partial(over_provision=0.5, **run)
     assert all(s.num_groups_done >= 4 for s in over)
     assert over[0].off_policy_share == 0 and over[0].num_carried > 0  # step 0: nothing old yet
     assert any(s.off_policy_share > 0 for s in over[1:])
