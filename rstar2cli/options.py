@@ -37,7 +37,7 @@ from typing import Annotated, Any
 import typer
 
 from rstar2cli.agent.loop import AgentConfig
-from rstar2cli.engines.base import DEFAULT_KV_CACHE_TOKENS, parse_speculative
+from rstar2cli.engines.base import DEFAULT_KV_CACHE_TOKENS, ENGINE_KINDS, parse_speculative
 from rstar2cli.errors import UserError
 from rstar2cli.rollout.jobs import scheduler_config
 from rstar2cli.scheduler.scheduler import SchedulerConfig
@@ -51,8 +51,6 @@ EVAL_TEMPERATURE = 0.6
 EVAL_MAX_TURNS = 30
 EVAL_MAX_RESPONSE_TOKENS = 30000
 FILTER_SAMPLES = 8
-
-ENGINE_KINDS = ("vllm", "hf")
 
 MODEL = typer.Option(..., "--model", metavar="CKPT", help="HF model folder (weights + tokenizer).")
 

@@ -197,8 +197,6 @@ class EvalArgs(Protocol):
     @property
     def samples(self) -> int: ...
     @property
-    def engine(self) -> str: ...
-    @property
     def sandbox(self) -> list[str]: ...
     @property
     def sandbox_token_file(self) -> Path | None: ...
@@ -248,8 +246,6 @@ class EvalPlan:
         plan.out = out
         if (model is None) == (not endpoints):
             raise UserError("give exactly one of --model PATH or --endpoint URL")
-        if args.engine not in ("vllm", "hf"):
-            raise UserError(f"--engine must be vllm or hf, got {args.engine!r}")
         if not names and not files:
             raise UserError("give at least one --benchmark NAME or --data PATH")
         if ks[0] < 1 or ks[-1] > args.samples:
