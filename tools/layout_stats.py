@@ -124,10 +124,12 @@ def collect(repo: Path) -> dict:
     files = sorted(p for root in ROOTS for p in (repo / root).rglob("*.py"))
     trees: dict[str, ast.Module] = {}
     paths: dict[str, Path] = {}
+    texts: dict[str, str] = {}
     for path in files:
         rel = path.relative_to(repo)
         name = module_name(rel)
-        trees[name] = ast.parse(path.read_text(), filename=str(rel))
+        texts[name] = path.read_text()
+        trees[name] = ast.parse(texts[name], filename=str(rel))
         paths[name] = rel
     graph = {
         name: {
@@ -161,14 +163,11 @@ def collect(repo: Path) -> dict:
         if len(lines) <= len(edges.get((b, a), lines))
         for line in lines
     )
-    long_modules = sorted(
-        f"{paths[name]} {len(path.read_text().splitlines())}"
-        for name, path in ((n, repo / p) for n, p in paths.items())
-        if len(path.read_text().splitlines()) > MODULE_LINES
-    )
+    lengths = {name: len(text.splitlines()) for name, text in texts.items()}
+    long_modules = sorted(f"{paths[name]} {n}" for name, n in lengths.items() if n > MODULE_LINES)
     functions = [line for name, tree in trees.items() for line in long_functions(tree, paths[name])]
     positional = sum(positional_calls(tree) for tree in trees.values())
-    skips = sum((repo / p).read_text().count("# fmt: skip") for p in paths.values())
+    skips = sum(text.count("# fmt: skip") for text in texts.values())
     return {
         "cycles": [[str(paths[m]) for m in group] for group in cycles],
         "folder_cycles": folder_cycles,
