@@ -58,16 +58,28 @@ def step_samples(tokenizer: Any, seed: int = 0) -> list[Any]:
     return samples
 
 
-def timed_update(trainer: Any, samples: list[Any], share: bool, old_pass: bool) -> dict[str, float]:
+def timed_update(
+    trainer: Any,
+    samples: list[Any],
+    *,
+    share: bool,
+    old_pass: bool,
+    mini_batches: int = 1,
+    bypass: bool = False,
+) -> dict[str, float]:
     """One update; `old_pass` adds the no-grad pass over every micro-batch that the update ran
-    before (its result is what the first mini-batch's training forward now gives)."""
+    before (its result is what the first mini-batch's training forward now gives). With
+    `mini_batches` > 1 the update itself runs that pass for the later mini-batches unless
+    `bypass` (the engine's log-probs are pi_old: correction.bypass)."""
+    from rstar2cli.rl.train_recipe import CorrectionConfig
     from rstar2cli.rl.trainer import plan_update
 
     cfg = trainer.cfg
     cfg.share_prompt_rows = share
+    trainer.correction = CorrectionConfig(token_is_cap=None, bypass=bypass)
     plans, tokens = plan_update(
         samples,
-        num_mini_batches=1,
+        num_mini_batches=mini_batches,
         world=1,
         max_tokens_per_micro_batch=cfg.max_tokens_per_micro_batch,
         seed_key=(0,),
@@ -94,6 +106,11 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument(
+        "--bypass",
+        action="store_true",
+        help="instead: 2 mini-batches, pi_old recomputed by the trainer vs the engine's (bypass)",
+    )
     args = ap.parse_args()
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
     import torch
@@ -115,31 +132,39 @@ def main() -> None:
         f"{len(samples)} trajectories: prompt {num_prompt:.0f} tokens, response {num_resp:.0f} "
         f"tokens, {sum(s.num_model_tokens for s in samples)} model tokens; {args.threads} thread(s)"
     )
-    paths = {"before": (False, True), "after": (True, False)}
+    paths: dict[str, dict[str, Any]] = {
+        "before": dict(share=False, old_pass=True),
+        "after": dict(share=True, old_pass=False),
+    }
+    if args.bypass:
+        paths = {
+            "recompute": dict(share=True, old_pass=False, mini_batches=2),
+            "bypass": dict(share=True, old_pass=False, mini_batches=2, bypass=True),
+        }
     runs: dict[str, list[dict[str, float]]] = {name: [] for name in paths}
-    for share, old in paths.values():
-        timed_update(trainer, samples, share, old)  # warm-up
+    for how in paths.values():
+        timed_update(trainer, samples, **how)  # warm-up
     for _ in range(args.repeats):
-        for name, (share, old) in paths.items():
-            runs[name].append(timed_update(trainer, samples, share, old))
+        for name, how in paths.items():
+            runs[name].append(timed_update(trainer, samples, **how))
             print(f"  {name}: {runs[name][-1]}")
     best = {name: min(r, key=lambda x: x["cpu_s"]) for name, r in runs.items()}
-    report = _report(best)
+    report = _report(best, baseline=list(paths)[0], ours=list(paths)[1])
     report["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(report, indent=2) + "\n")
 
 
-def _report(best: dict[str, dict[str, float]]) -> dict[str, Any]:
+def _report(best: dict[str, dict[str, float]], *, baseline: str, ours: str) -> dict[str, Any]:
     print(f"\n{'update':>8} {'CPU s':>8} {'wall s':>8} {'trained tok/s (CPU)':>20}")
     out: dict[str, Any] = {}
     for name, r in best.items():
         rate = r["tokens"] / r["cpu_s"]
         out[name] = {**r, "trained_tokens_per_cpu_s": rate}
         print(f"{name:>8} {r['cpu_s']:8.1f} {r['wall_s']:8.1f} {rate:20.1f}")
-    speedup = best["before"]["cpu_s"] / best["after"]["cpu_s"]
-    wall = best["before"]["wall_s"] / best["after"]["wall_s"]
+    speedup = best[baseline]["cpu_s"] / best[ours]["cpu_s"]
+    wall = best[baseline]["wall_s"] / best[ours]["wall_s"]
     out["speedup_cpu"], out["speedup_wall"] = speedup, wall
     print(f"\ntrained tokens per CPU second: {speedup:.2f}x (wall clock: {wall:.2f}x)")
     return out

@@ -21,47 +21,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
-import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+from benchmarks.stage_runs import REPO, mean, run_stage
+
 RUNS = {
     "GRPO-RoC": [],
     "GRPO": ["roc.enabled=false", "rollout.num_samples_per_prompt=4"],
 }
-
-
-def run_stage(
-    name: str, model: str, out: Path, steps: int, seed: int, extra: list[str], recipe: Path
-) -> list[dict]:
-    sets = [*RUNS[name], f"train.num_steps={steps}", f"train.seed={seed}", *extra]
-    cmd = [
-        sys.executable,
-        "-m",
-        "rstar2cli.cli",
-        "rl-stage",
-        "--recipe",
-        str(recipe),
-        "--out",
-        str(out),
-        "--init-from",
-        model,
-    ]
-    for s in sets:
-        cmd += ["--set", s]
-    print(f"== {name}: {' '.join(cmd)}", flush=True)
-    subprocess.run(cmd, check=True, cwd=REPO)
-    return [
-        json.loads(line)
-        for line in (out / "metrics.jsonl").read_text().splitlines()
-        if line.strip()
-    ]
-
-
-def mean(values: list[float | None]) -> float | None:
-    known = [v for v in values if v is not None]
-    return sum(known) / len(known) if known else None
 
 
 def summarise(rows: list[dict]) -> dict[str, float | None]:
@@ -196,10 +163,13 @@ def main() -> None:
             name,
             model=args.model,
             out=out / name.lower().replace("-", "_"),
-            steps=args.steps,
-            seed=args.seed,
-            extra=args.sets,
             recipe=args.recipe,
+            sets=[
+                *RUNS[name],
+                f"train.num_steps={args.steps}",
+                f"train.seed={args.seed}",
+                *args.sets,
+            ],
         )
         for name in RUNS
     }

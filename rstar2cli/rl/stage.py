@@ -222,6 +222,7 @@ class StageRun:
             devices=devices,
             colocated=self.colocated,
             placement=placement,
+            dtype=r.rollout.dtype,
             speculative=r.rollout.speculative,
         )
 

@@ -166,6 +166,12 @@ class RolloutConfig(RecipeModel):
         "unfinished samples into the next step (their earlier tokens one step or more "
         "off-policy: stale_token_share in metrics); 0: off, every step waits for all its samples.",
     )
+    dtype: Literal["float32", "bfloat16", "float16"] | None = Field(
+        None,
+        description="vllm: the engines' weight dtype (the trainer keeps its own; each weight push "
+        "is cast to it); null: the model's own on a GPU, float32 on the CPU. bfloat16 on the CPU "
+        "reproduces a GPU run's engine-vs-trainer mismatch (mismatch_kl in metrics).",
+    )
     speculative: str | None = Field(
         None,
         description="vllm: speculative decoding without a draft model, as METHOD:TOKENS[:MAX_BATCH]: "
@@ -177,9 +183,11 @@ class RolloutConfig(RecipeModel):
     @model_validator(mode="after")
     def _vllm_only(self) -> RolloutConfig:
         if self.engine != "vllm" and (
-            self.tensor_parallel_size > 1 or self.colocate or self.speculative
+            self.tensor_parallel_size > 1 or self.colocate or self.speculative or self.dtype
         ):
-            raise ValueError("tensor_parallel_size > 1, colocate and speculative need engine: vllm")
+            raise ValueError(
+                "tensor_parallel_size > 1, colocate, dtype and speculative need engine: vllm"
+            )
         if self.speculative is not None:
             try:
                 parse_speculative(self.speculative)

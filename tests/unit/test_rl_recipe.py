@@ -174,6 +174,19 @@ def test_speculative_is_a_recipe_field_checked_like_the_option(tmp_path):
         load_recipe(_write(tmp_path, data), RlRecipe)
 
 
+def test_engine_dtype_is_a_vllm_recipe_field(tmp_path):
+    data = _tiny()
+    assert load_recipe(_write(tmp_path, data), RlRecipe).rollout.dtype is None
+    data["rollout"]["dtype"] = "bfloat16"
+    assert load_recipe(_write(tmp_path, data), RlRecipe).rollout.dtype == "bfloat16"
+    data["rollout"]["dtype"] = "fp8"
+    with pytest.raises(UserError, match="dtype"):
+        load_recipe(_write(tmp_path, data), RlRecipe)
+    data["rollout"].update(dtype="bfloat16", engine="hf")
+    with pytest.raises(UserError, match="dtype and speculative need engine: vllm"):
+        load_recipe(_write(tmp_path, data), RlRecipe)
+
+
 def test_correction_section_and_its_check_against_the_sampling_temperature(tmp_path):
     data = _tiny()
     data["correction"] = {"token_is_cap": None, "seq_mask_low": 0.99, "seq_mask_high": 1.01}

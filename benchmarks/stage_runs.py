@@ -1,0 +1,35 @@
+"""Run `rstar2 rl-stage` as a benchmark arm and read its metrics rows back.
+
+The A/B benchmarks (roc_vs_grpo, correction_ab) run the real command in a subprocess, one arm
+after another from the same model and seed, each into its own folder; a rerun of the same
+command resumes an interrupted arm (rl-stage's own checkpoints).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def run_stage(name: str, *, model: str, out: Path, recipe: Path, sets: list[str]) -> list[dict]:
+    """`rl-stage --recipe RECIPE --init-from MODEL --out OUT --set S...`; its metrics.jsonl rows."""
+    cmd = [sys.executable, "-m", "rstar2cli.cli", "rl-stage", "--recipe", str(recipe)]
+    cmd += ["--out", str(out), "--init-from", model]
+    for s in sets:
+        cmd += ["--set", s]
+    print(f"== {name}: {' '.join(cmd)}", flush=True)
+    subprocess.run(cmd, check=True, cwd=REPO)
+    return read_rows(out / "metrics.jsonl")
+
+
+def read_rows(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def mean(values: list[float | None]) -> float | None:
+    known = [v for v in values if v is not None]
+    return sum(known) / len(known) if known else None
