@@ -5,8 +5,15 @@ The random tiny model cannot be asked to write tool calls, so part (a) scripts t
 with its turn lengths and tool calls (a sandbox job that sleeps a scripted time) fixed in advance;
 generation, KV, preemption, sandbox and scheduling stay real. `real_workload` draws a
 heavy-tailed multi-turn workload of them (turns up to `max_response`, 1-4 turns, lognormal tool
-latencies; the samples of one prompt share its difficulty). Nothing here starts an engine.
-Exercised only by the benchmark itself (it needs real engines).
+latencies; the samples of one prompt share its difficulty); `replay_items` makes them from a
+recorded workload (benchmarks/sim/replay.py), to be run with `forced=True`: each turn then has
+exactly its recorded length (`SamplingSpec.ignore_eos`), each tool call sleeps its recorded
+latency and prints digits sized so that its response chunk has about the recorded token count.
+NOTE: a chunk's tokens on the engine are those of the sandbox's real answer, re-tokenized; they
+equal the recorded count only where the engine's tokenizer spells each digit as one token (the
+project's tiny tokenizer and Qwen's do) and the count exceeds the chunk's frame.
+Nothing here starts an engine. Tested in tests/unit/test_replay.py (with a fake tokenizer);
+on real engines only by the benchmark itself.
 """
 
 from __future__ import annotations
@@ -16,22 +23,33 @@ import random
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from benchmarks.sim.replay import Replay
     from rstar2cli.engines.base import GenOutput, SamplingSpec
     from sandboxd.wire import Job, JobResult
 
 
 class ScriptedTrajectory:
-    """The `agent.loop.Trajectory` surface with scripted turn lengths and tool calls."""
+    """The `agent.loop.Trajectory` surface with scripted turn lengths and tool calls.
+
+    `forced`: every turn runs to its scripted length (the engine ignores `<|im_end|>`); else a
+    turn may end early where the model writes it. An item with `chunks` (tool-response tokens
+    after each turn) has its tools print `chunk_digits` digits; without, `turn * 7`."""
 
     def __init__(
-        self, item: dict[str, Any], prompt_ids: list[int], tokenizer: Any, max_response: int
+        self,
+        item: dict[str, Any],
+        prompt_ids: list[int],
+        tokenizer: Any,
+        max_response: int,
+        forced: bool = False,
     ) -> None:
         from rstar2cli import protocol as P
 
-        self.P, self.tok, self.item = P, tokenizer, item
+        self.P, self.tok, self.item, self.forced = P, tokenizer, item, forced
         self.prompt_ids, self.response_ids = list(prompt_ids), list[int]()
         self.turns: list[int] = item["turns"]
         self.tool_s: list[float] = item["tool_s"]
+        self.chunks: list[int] | None = item.get("chunks")
         self.turn, self.turn_left = 0, self.turns[0]
         self.max_response = max_response
         self.stop_id = tokenizer.convert_tokens_to_ids(P.IM_END)
@@ -55,14 +73,17 @@ class ScriptedTrajectory:
             max_tokens=max(cap, 1),
             temperature=1.0,
             seed=hash((self.item["id"], self.item["sample"])) % 10**6,
+            ignore_eos=self.forced,
         )
 
     def on_generated(self, out: GenOutput) -> str:
         if out.finish_reason in ("error", "abort"):
             return self.finish("engine_error")
+        if out.finish_reason == "length" and not out.token_ids:
+            return self.finish("budget")  # the engine's context limit: asking again gets nothing
         self.response_ids += out.token_ids
         self.turn_left -= len(out.token_ids)
-        if out.token_ids and out.token_ids[-1] == self.stop_id:
+        if not self.forced and out.token_ids and out.token_ids[-1] == self.stop_id:
             self.turn_left = 0  # the model ended its turn early: fine, a real outcome
         if len(self.response_ids) >= self.max_response:
             return self.finish("budget")
@@ -75,9 +96,10 @@ class ScriptedTrajectory:
     def tool_job(self) -> Job:
         from sandboxd.wire import Job
 
-        return Job(
-            code=f"import time\ntime.sleep({self.tool_s[self.turn]:.3f})\nprint({self.turn} * 7)"
-        )
+        printed = f"{self.turn} * 7"
+        if self.chunks is not None:
+            printed = f"'0' * {chunk_digits(self.chunks[self.turn], self.tok)}"
+        return Job(code=f"import time\ntime.sleep({self.tool_s[self.turn]:.3f})\nprint({printed})")
 
     def on_tool_result(self, result: JobResult) -> str:
         self.num_tool_calls += 1
@@ -134,4 +156,39 @@ def real_workload(
                     "tool_s": tool_s,
                 }
             )
+    return items
+
+
+def chunk_digits(chunk_tokens: int, tokenizer: Any) -> int:
+    """Digits a tool prints so that its response chunk has about `chunk_tokens` tokens: the
+    count less the chunk's frame (its tokens around a one-digit output, less that digit); at
+    least one."""
+    from rstar2cli import protocol as P
+
+    one = P.render_tool_response(P.format_tool_output("ok", "0\n", ""))
+    frame = len(tokenizer.encode(one, add_special_tokens=False)) - 1
+    return max(1, chunk_tokens - frame)
+
+
+def replay_items(replays: list[Replay], tokenizer: Any) -> list[dict[str, Any]]:
+    """Items that play recorded trajectories (`sim.replay.Replay`) on real engines, for
+    `ScriptedTrajectory(..., forced=True)`: their turns, tool latencies and tool-response
+    tokens (`chunks`), and a question padded with digits to about the recorded prompt length
+    (after a per-group head, so only the samples of one prompt share a prompt prefix)."""
+    from rstar2cli.agent.loop import prompt_ids_for
+
+    items: list[dict[str, Any]] = []
+    for r in replays:
+        head = f"Problem {r.group}: "
+        pad = max(0, r.prompt_tokens - len(prompt_ids_for(head, tokenizer)))
+        items.append(
+            {
+                "id": str(r.group),
+                "sample": r.sample,
+                "question": head + "0" * pad,
+                "turns": list(r.turns),
+                "chunks": list(r.chunks),
+                "tool_s": list(r.tool_s),
+            }
+        )
     return items

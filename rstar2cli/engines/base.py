@@ -10,7 +10,8 @@ Building them: local.py (one engine in this process, also what a Ray actor runs)
 (`EngineSpec`, `make_engines`: N engines in this process or as Ray actors, with their placement).
 
 Every engine stops on `<|im_end|>` (always, in addition to `SamplingSpec.stop_token_ids`); when it
-stops on a stop id, that id is the last entry of `GenOutput.token_ids`.
+stops on a stop id, that id is the last entry of `GenOutput.token_ids`. The one exception is
+`SamplingSpec.ignore_eos`: no stop at all, the turn runs to `max_tokens`.
 
 `metrics()` reports at least METRIC_KEYS (counts are totals since start; prefix queries/hits are
 in tokens). A Ray proxy reports its actor's.
@@ -78,6 +79,11 @@ class SamplingSpec:
     seed: int | None = None
     stop_token_ids: list[int] = field(default_factory=list)  # <|im_end|> is always added
     want_logprobs: bool = False
+    # NOTE: True: the engine stops neither at the model's EOS nor at any stop id (<|im_end|>
+    # included), so the turn is exactly `max_tokens` long (unless the context reaches the model's
+    # length): a turn of forced length, for replaying a recorded workload
+    # (benchmarks/scheduler_scripted.py).
+    ignore_eos: bool = False
 
 
 @dataclass

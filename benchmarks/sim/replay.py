@@ -1,0 +1,203 @@
+"""A replay workload: multi-turn trajectories as per-turn lengths and tool latencies, one JSON file.
+
+The scheduler benchmark runs the same workload on real engines (benchmarks/scheduler_scripted.py:
+each turn's length forced with `SamplingSpec.ignore_eos`, each tool call a sleep of its recorded
+latency) and in the simulator (`to_sim` -> `workload.SimTraj`). A `Replay` comes from a real
+rollout's trajectory records (`from_records`) or from the simulator's generator (`from_sim`), and
+`save`/`load` keep a list of them with a free-form `meta` dict (where they came from) as
+
+    {"version": 1, "meta": {...}, "trajectories": [{"group": ..., "sample": ..., ...}, ...]}
+
+What it deliberately does not keep: token ids or text (a replay's content is whatever the engine
+draws), the tool calls' code or status, or a trajectory's finish reason: only the lengths and the
+latencies that load an engine and a sandbox. Stdlib only; nothing here starts an engine.
+Tested in tests/unit/test_replay.py.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any
+
+from benchmarks.sim.workload import SimTraj
+
+VERSION = 1
+
+
+@dataclass
+class Replay:
+    """One trajectory to replay. NOTE: invariants (checked): at least one turn, every turn at
+    least one token, and one tool call (its response chunk and latency) between two turns."""
+
+    group: str | int  # its prompt: the samples of one prompt share it
+    sample: int  # the sample's index within its group
+    prompt_tokens: int
+    turns: list[int]  # model tokens per turn
+    chunks: list[int]  # tool-response tokens after each turn but the last
+    tool_s: list[float]  # latency of the tool call after each turn but the last
+
+    def __post_init__(self) -> None:
+        ok = bool(self.turns) and all(n >= 1 for n in self.turns) and self.prompt_tokens >= 0
+        ok = ok and len(self.chunks) == len(self.tool_s) == len(self.turns) - 1
+        ok = ok and all(n >= 0 for n in self.chunks) and all(s >= 0 for s in self.tool_s)
+        if not ok:
+            raise ValueError(
+                f"replay {self.group!r}/{self.sample}: expected >= 1 turns of >= 1 token and "
+                f"len(turns) - 1 chunks and tool latencies, got turns {self.turns}, chunks "
+                f"{self.chunks}, tool_s {self.tool_s}"
+            )
+
+    @property
+    def response_tokens(self) -> int:
+        return sum(self.turns) + sum(self.chunks)
+
+
+def _runs(mask: list[int]) -> list[tuple[int, int]]:
+    """[1, 1, 0, 1] -> [(1, 2), (0, 1), (1, 1)]: (mask value, length) of each run."""
+    out: list[tuple[int, int]] = []
+    for m in mask:
+        if out and out[-1][0] == m:
+            out[-1] = (m, out[-1][1] + 1)
+        else:
+            out.append((m, 1))
+    return out
+
+
+def from_record(record: Mapping[str, Any]) -> Replay | None:
+    """One trajectory record (rstar2cli/records.py) -> its Replay; None when it made no model
+    token (an engine error on its first request: nothing to replay).
+
+    Turns are the runs of loss mask 1, chunks the runs of 0 between them; the i-th chunk answers
+    the i-th entry of `tool_calls` and takes its `duration_s` (0.0 for a call that never ran, a
+    parse error). NOTE: the agent loop records a call whose answer did not fit the budget without
+    appending its chunk, so `tool_calls` may be longer than the chunks: calls are aligned to the
+    chunks and the extra ones left out (the replay ends at its last turn, as
+    `workload.played_turns` ends a trajectory whose chunk does not fit), and a chunk without a
+    call gets 0.0. A response that ends in a chunk (no model token after it: an engine error
+    after the tool answer) drops that chunk and its call, so every chunk sits between two turns.
+    """
+    mask = [int(m) for m in record["loss_mask"]]
+    runs = _runs(mask)
+    if runs and runs[0][0] == 0:
+        raise ValueError(
+            f"record {record.get('id')!r}/{record.get('sample')}: the response starts with a "
+            "tool-response token; a trajectory starts with a model turn"
+        )
+    while runs and runs[-1][0] == 0:
+        runs.pop()
+    if not runs:
+        return None
+    calls = list(record.get("tool_calls") or [])
+    chunks = [n for m, n in runs if m == 0]
+    return Replay(
+        group=record.get("group") or record["id"],
+        sample=int(record["sample"]),
+        prompt_tokens=len(record["prompt_ids"]),
+        turns=[n for m, n in runs if m == 1],
+        chunks=chunks,
+        tool_s=[
+            float(calls[i]["duration_s"]) if i < len(calls) else 0.0 for i in range(len(chunks))
+        ],
+    )
+
+
+def from_records(records: Iterable[Mapping[str, Any]]) -> list[Replay]:
+    """Trajectory records -> Replays, in order; records with no model token are left out
+    (`from_record`). `group` is the record's `group` (partial rollout) or else its problem `id`."""
+    return [r for r in (from_record(rec) for rec in records) if r is not None]
+
+
+def from_sim(trajs: list[SimTraj]) -> list[Replay]:
+    """Simulator trajectories -> Replays (their script only: a run's state, budget and carried
+    tokens are not kept). `sample` counts a group's trajectories in order; a trajectory without
+    a group (None) is its own group, named by its index in `trajs`."""
+    seen: dict[str | int, int] = {}
+    out = []
+    for i, t in enumerate(trajs):
+        group = i if t.group is None else t.group
+        if not isinstance(group, str | int):
+            group = str(group)
+        seen[group] = seen.get(group, -1) + 1
+        out.append(
+            Replay(
+                group=group,
+                sample=seen[group],
+                prompt_tokens=t.prompt_tokens,
+                turns=list(t.turns),
+                chunks=list(t.chunks),
+                tool_s=list(t.tool_s),
+            )
+        )
+    return out
+
+
+def to_sim(replays: list[Replay]) -> list[SimTraj]:
+    """Replays -> fresh simulator trajectories (lists copied; `SimTraj.__post_init__` sets the
+    first turn's tokens left, the rest of the run state starts at zero)."""
+    return [
+        SimTraj(
+            prompt_tokens=r.prompt_tokens,
+            turns=list(r.turns),
+            chunks=list(r.chunks),
+            tool_s=list(r.tool_s),
+            group=r.group,
+        )
+        for r in replays
+    ]
+
+
+def save(path: str | Path, replays: list[Replay], meta: dict[str, Any]) -> None:
+    """Write `replays` and `meta` (JSON-able: where they came from) to `path` as one JSON file."""
+    data = {"version": VERSION, "meta": meta, "trajectories": [asdict(r) for r in replays]}
+    Path(path).write_text(json.dumps(data) + "\n")
+
+
+def load(path: str | Path) -> tuple[list[Replay], dict[str, Any]]:
+    """The replays and meta `save` wrote to `path`; a one-line ValueError naming it if the file
+    is not such a file."""
+    names = {f.name for f in fields(Replay)}
+    try:
+        data = json.loads(Path(path).read_text())
+        if not isinstance(data, dict) or data.get("version") != VERSION:
+            raise ValueError(f"expected a JSON object with version {VERSION}")
+        if not isinstance(data.get("meta"), dict) or not isinstance(data.get("trajectories"), list):
+            raise ValueError("expected 'meta' (an object) and 'trajectories' (a list)")
+        replays = []
+        for t in data["trajectories"]:
+            if not isinstance(t, dict) or set(t) != names:
+                raise ValueError(f"a trajectory needs exactly the keys {sorted(names)}")
+            t = {**t, "tool_s": [float(s) for s in t["tool_s"]]}
+            replays.append(Replay(**t))
+    except (OSError, ValueError, TypeError) as exc:  # json.JSONDecodeError is a ValueError
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise ValueError(f"{path}: not a replay file: {first}") from exc
+    return replays, data["meta"]
+
+
+def _percentile(values: list[int], q: float) -> int:
+    """Nearest-rank percentile of a non-empty list (q in (0, 1])."""
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(len(ordered) * q) - 1)]
+
+
+def summary(replays: list[Replay]) -> dict[str, float]:
+    """Counts and sizes, for a report: trajectories, groups, response tokens (tool chunks
+    included) per trajectory (mean, p50, p90, max), turns per trajectory, tool calls and their
+    mean latency. An empty list gives zeros."""
+    resp = [r.response_tokens for r in replays] or [0]
+    tool_s = [s for r in replays for s in r.tool_s]
+    return {
+        "num_trajectories": float(len(replays)),
+        "num_groups": float(len({r.group for r in replays})),
+        "mean_response_tokens": sum(resp) / len(resp),
+        "p50_response_tokens": float(_percentile(resp, 0.5)),
+        "p90_response_tokens": float(_percentile(resp, 0.9)),
+        "max_response_tokens": float(max(resp)),
+        "mean_turns": sum(len(r.turns) for r in replays) / max(len(replays), 1),
+        "num_tool_calls": float(len(tool_s)),
+        "mean_tool_s": sum(tool_s) / len(tool_s) if tool_s else 0.0,
+    }
