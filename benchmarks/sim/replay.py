@@ -201,3 +201,42 @@ def summary(replays: list[Replay]) -> dict[str, float]:
         "num_tool_calls": float(len(tool_s)),
         "mean_tool_s": sum(tool_s) / len(tool_s) if tool_s else 0.0,
     }
+
+
+def main(argv: list[str] | None = None) -> None:
+    """`python -m benchmarks.sim.replay --records R.jsonl [--records ...] --out F`, or
+    `--from-sim --num-prompts P --num-samples S --max-response T --seed K --out F`: write a
+    replay file and print its summary."""
+    import argparse
+
+    from benchmarks.sim.workload import make_workload
+
+    ap = argparse.ArgumentParser(description="write a replay file (benchmarks/sim/replay.py)")
+    src = ap.add_mutually_exclusive_group(required=True)
+    src.add_argument("--records", action="append", help="trajectory records (JSON lines)")
+    src.add_argument("--from-sim", action="store_true", help="the simulator's generator")
+    ap.add_argument("--num-prompts", type=int, default=8)
+    ap.add_argument("--num-samples", type=int, default=4)
+    ap.add_argument("--max-response", type=int, default=2048)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args(argv)
+    if args.records:
+        lines = [ln for p in args.records for ln in Path(p).read_text().splitlines()]
+        replays = from_records(json.loads(ln) for ln in lines if ln.strip())
+        meta: dict[str, Any] = {"source": "records", "records": args.records}
+    else:
+        settings = dict(
+            num_prompts=args.num_prompts,
+            num_samples=args.num_samples,
+            max_response=args.max_response,
+            seed=args.seed,
+        )
+        replays = from_sim(make_workload(**settings))
+        meta = {"source": "sim.workload.make_workload", **settings}
+    save(args.out, replays, meta=meta)
+    print(f"{args.out}: " + ", ".join(f"{k} {v:g}" for k, v in summary(replays).items()))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,214 @@
+"""Part (a)'s workload and JSON report (benchmarks/scheduler_real.py): what to play, what to write.
+
+`load_workload` picks part (a)'s items: a replay file (`--replay`, benchmarks/sim/replay.py) played
+with forced turn lengths, or the scripted generator (`real_workload`), with the response budget
+and the engines' `max_model_len` that fit them; `replay_in_sim` plays the same items in the
+simulator, under each policy's `real_config`. `run_summary` turns one policy's run
+(`rollout.driver.RolloutStats`, which samples every engine's KV use every 0.5 s) and its prefix
+cache counters into plain numbers; `build_json` puts every policy's numbers, the simulator's
+prediction and the setting into the `--json` object, with "default" the policy of the lowest
+measured makespan.
+
+What it does not do: start an engine or run a policy (scheduler_real.py does), or sample the KV
+itself (the driver's samples are read). Tested in tests/unit/test_scheduler_real.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from benchmarks.scheduler_scripted import real_workload, replay_items
+from benchmarks.sim import replay
+from benchmarks.sim.model import simulate
+from benchmarks.sim.policies import POLICIES, sched_config, selected
+from benchmarks.sim.workload import Cost, SimTraj
+from rstar2cli.scheduler.scheduler import SchedulerConfig
+
+# tokens left over past the longest replayed trajectory: a tool chunk re-tokenized on the engine
+# may differ from its recorded count by a few tokens (scheduler_scripted.py)
+REPLAY_MARGIN_TOKENS = 64
+GENERATED_MAX_MODEL_LEN = 2048  # the scripted generator's turns stay well inside it
+MAX_SERIES_POINTS = 200
+
+
+@dataclass
+class Workload:
+    """Part (a)'s items and the budgets that fit them."""
+
+    items: list[dict[str, Any]]
+    max_response: int  # the trajectories' response budget (tool chunks included)
+    max_model_len: int  # the engines' context limit
+    forced: bool  # every turn runs to its scripted length (a replay)
+    settings: dict[str, Any]  # the replay's summary and meta, or the generator's settings
+
+
+def generator_settings(args: argparse.Namespace) -> dict[str, int]:
+    """The scripted generator's settings from part (a)'s flags."""
+    return dict(
+        num_prompts=args.num_prompts,
+        num_samples=args.n,
+        max_response=args.max_response_tokens,
+        seed=args.seed,
+    )
+
+
+def load_workload(args: argparse.Namespace, tokenizer: Any) -> Workload:
+    """`--replay FILE`'s trajectories (forced), else the scripted generator's workload. A replay
+    sets the response budget to its longest response plus a margin, and `max_model_len` to the
+    longest prompt (as rendered for the engine) plus that budget."""
+    from rstar2cli.agent.loop import longest_prompt_tokens
+
+    if not args.replay:
+        items = real_workload(**generator_settings(args))
+        return Workload(
+            items=items,
+            max_response=args.max_response_tokens,
+            max_model_len=GENERATED_MAX_MODEL_LEN,
+            forced=False,
+            settings={"generator": generator_settings(args)},
+        )
+    replays, meta = replay.load(args.replay)
+    if not replays:
+        raise ValueError(f"{args.replay}: the replay holds no trajectory")
+    items = replay_items(replays, tokenizer)
+    max_response = max(r.response_tokens for r in replays) + REPLAY_MARGIN_TOKENS
+    prompt = longest_prompt_tokens((i["question"] for i in items), tokenizer)
+    return Workload(
+        items=items,
+        max_response=max_response,
+        max_model_len=64 * math.ceil((prompt + max_response) / 64),
+        forced=True,
+        settings={"replay": args.replay, "meta": meta, "summary": replay.summary(replays)},
+    )
+
+
+def real_config(args: argparse.Namespace, name: str) -> SchedulerConfig:
+    """Part (a)'s settings: kv bounded by KV alone, the baselines by --concurrency (none: as
+    `rstar2 rollout` runs them)."""
+    kv = POLICIES[name]["policy"] == "kv"
+    return sched_config(args, name=name, max_active=None if kv else args.concurrency)
+
+
+def replay_in_sim(
+    work: Workload,
+    tok: Any,
+    cost: Cost,
+    capacity_tokens: list[int],
+    args: argparse.Namespace,
+) -> dict[str, float]:
+    """(a)'s scripted workload, with its real prompt and tool-chunk token counts, in the
+    simulator on the cost fitted to engine 0 and the engines' real KV: the simulated makespan of
+    every selected policy, to set beside the measured one (does the simulator that part (b)
+    rests on rank the policies as the real engines do?). Tool calls take their scripted sleep;
+    the sandbox's fork and queue are not modelled."""
+    from rstar2cli import protocol as P
+    from rstar2cli.agent.loop import prompt_ids_for
+
+    def chunk_tokens(turn: int) -> int:
+        text = P.render_tool_response(P.format_tool_output("ok", f"{turn * 7}\n", ""))
+        return len(tok.encode(text, add_special_tokens=False))
+
+    trajs = [
+        SimTraj(
+            prompt_tokens=len(prompt_ids_for(item["question"], tok)),
+            turns=list(item["turns"]),
+            chunks=list(item.get("chunks") or map(chunk_tokens, range(len(item["turns"]) - 1))),
+            tool_s=list(item["tool_s"]),
+            group=item["id"],
+        )
+        for item in work.items
+    ]
+    out = {}
+    for name in selected(args):
+        result = simulate(
+            trajs,
+            real_config(args, name),
+            num_engines=len(capacity_tokens),
+            capacity_tokens=min(capacity_tokens),
+            max_response=work.max_response,
+            cost=cost,
+        )
+        out[name] = result.makespan_s
+    return out
+
+
+def prefix_counts(engines: list[Any]) -> tuple[float, float]:
+    """Prefix-cache (queries, hits) in tokens, summed over `engines`' metrics (totals so far)."""
+    metrics = [e.metrics() for e in engines]
+    queries = sum(float(m.get("num_prefix_queries", 0.0)) for m in metrics)
+    return queries, sum(float(m.get("num_prefix_hits", 0.0)) for m in metrics)
+
+
+def hit_rate(before: tuple[float, float], after: tuple[float, float]) -> float | None:
+    """The prefix-cache hit rate between two `prefix_counts`; None: no query in between."""
+    queries, hits = after[0] - before[0], after[1] - before[1]
+    return hits / queries if queries > 0 else None
+
+
+def run_summary(stats: Any, prefix_hit_rate: float | None) -> dict[str, Any]:
+    """One run (`RolloutStats`) as plain numbers: makespan, preemptions, the prefix-cache hit
+    rate, and the engines' KV use over time, [t_s, used tokens / capacity over all engines]."""
+    capacity = sum(stats.capacity_tokens)
+    return {
+        "measured_s": stats.makespan_s,
+        "preemptions": stats.num_preemptions,
+        "prefix_hit_rate": prefix_hit_rate,
+        "kv_samples": [
+            [t, sum(used) / capacity if capacity else 0.0] for t, _, used in stats.kv_samples
+        ],
+    }
+
+
+def _coarse(series: list[list[float]], max_points: int) -> list[list[float]]:
+    """Every k-th point of `series` (the last one kept), at most about `max_points`."""
+    step = max(1, math.ceil(len(series) / max_points))
+    out = series[::step]
+    if series and out[-1] is not series[-1]:
+        out = out[: max_points - 1] + [series[-1]]
+    return out
+
+
+def build_json(
+    *,
+    engines: int,
+    model: str,
+    workload: dict[str, Any],
+    kv_cache_tokens: int,
+    cost: dict[str, float],
+    runs: dict[str, dict[str, Any]],
+    predicted: dict[str, float],
+) -> dict[str, Any]:
+    """The `--json` object: the setting, then per policy its measured makespan (`runs`, one
+    `run_summary` per policy), the simulator's (`predicted`; None where it did not run),
+    preemptions, prefix hit rate, and KV use (mean and peak over the samples, and a series of
+    at most MAX_SERIES_POINTS); "default" is the policy with the lowest measured makespan."""
+    policies = {}
+    for name, run in runs.items():
+        use = [f for _, f in run["kv_samples"]]
+        policies[name] = {
+            "measured_s": run["measured_s"],
+            "predicted_s": predicted.get(name),
+            "preemptions": run["preemptions"],
+            "prefix_hit_rate": run["prefix_hit_rate"],
+            "kv_use_mean": sum(use) / len(use) if use else None,
+            "kv_use_peak": max(use) if use else None,
+            "kv_use": _coarse(run["kv_samples"], MAX_SERIES_POINTS),
+        }
+    return {
+        "engines": engines,
+        "model": model,
+        "workload": workload,
+        "kv_cache_tokens": kv_cache_tokens,
+        "cost": cost,
+        "policies": policies,
+        "default": min(runs, key=lambda n: runs[n]["measured_s"]) if runs else None,
+    }
+
+
+def write_json(path: str | Path, data: dict[str, Any]) -> None:
+    Path(path).write_text(json.dumps(data, indent=1) + "\n")

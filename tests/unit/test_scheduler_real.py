@@ -1,0 +1,179 @@
+"""Part (a) of the scheduler benchmark without an engine: the replay file CLI
+(benchmarks/sim/replay.py's main), the replay workload's budgets, the run summary and the
+`--json` object (benchmarks/scheduler_replay.py)."""
+
+import argparse
+import json
+from types import SimpleNamespace
+
+from benchmarks.scheduler_replay import (
+    MAX_SERIES_POINTS,
+    build_json,
+    hit_rate,
+    load_workload,
+    prefix_counts,
+    run_summary,
+)
+from benchmarks.sim import replay
+from rstar2cli.agent.loop import prompt_ids_for
+
+
+class _CharTokenizer:
+    """One token per character."""
+
+    def encode(self, text, add_special_tokens=False):
+        return [ord(c) for c in text]
+
+
+def _record(rid, *, sample, mask, durations):
+    return {
+        "id": rid,
+        "sample": sample,
+        "prompt_ids": [1] * 6,
+        "response_ids": [2] * len(mask),
+        "loss_mask": mask,
+        "tool_calls": [{"status": "ok", "duration_s": d, "code": ""} for d in durations],
+    }
+
+
+def test_replay_cli_from_records_and_from_sim(tmp_path, capsys):
+    lines = [
+        _record("a", sample=0, mask=[1, 1, 0, 0, 0, 1], durations=[0.25]),
+        _record("a", sample=1, mask=[1, 1, 1], durations=[]),
+        _record("b", sample=0, mask=[], durations=[]),  # no model token: left out
+    ]
+    records = tmp_path / "r.jsonl"
+    records.write_text("\n".join(json.dumps(r) for r in lines) + "\n\n")
+    out = tmp_path / "w.json"
+    replay.main(["--records", str(records), "--out", str(out)])
+    replays, meta = replay.load(out)
+    assert [(r.group, r.sample, r.turns, r.chunks, r.tool_s) for r in replays] == [
+        ("a", 0, [2, 1], [3], [0.25]),
+        ("a", 1, [3], [], []),
+    ]
+    assert meta == {"source": "records", "records": [str(records)]}
+    assert "num_trajectories 2" in capsys.readouterr().out
+
+    sim_out = tmp_path / "s.json"
+    argv = ["--from-sim", "--num-prompts", "3", "--num-samples", "2", "--max-response", "200"]
+    replay.main([*argv, "--seed", "1", "--out", str(sim_out)])
+    replays, meta = replay.load(sim_out)
+    assert len(replays) == 6 and len({r.group for r in replays}) == 3
+    assert meta["num_prompts"] == 3 and meta["seed"] == 1
+
+
+def test_replay_workload_budgets(tmp_path):
+    path = tmp_path / "w.json"
+    replays = [
+        replay.Replay(group=0, sample=0, prompt_tokens=40, turns=[10, 5], chunks=[7], tool_s=[0.1]),
+        replay.Replay(group=1, sample=0, prompt_tokens=90, turns=[30], chunks=[], tool_s=[]),
+    ]
+    replay.save(path, replays, meta={"source": "test"})
+    tok = _CharTokenizer()
+    args = argparse.Namespace(replay=str(path))
+    work = load_workload(args, tokenizer=tok)
+    assert work.forced and len(work.items) == 2
+    assert work.max_response == 30 + 64  # the longest response plus the margin
+    longest = max(len(prompt_ids_for(i["question"], tok)) for i in work.items)
+    assert work.max_model_len % 64 == 0
+    assert longest + work.max_response <= work.max_model_len < longest + work.max_response + 64
+    assert work.settings["summary"]["num_trajectories"] == 2.0
+    assert work.settings["meta"] == {"source": "test"}
+
+
+def test_run_summary_hit_rate_and_prefix_counts():
+    stats = SimpleNamespace(
+        makespan_s=12.5,
+        num_preemptions=3.0,
+        capacity_tokens=[100, 100],
+        kv_samples=[(0.0, [0, 0], [0, 0]), (0.5, [80, 60], [50, 70]), (1.0, [0, 0], [200, 0])],
+    )
+    run = run_summary(stats, prefix_hit_rate=0.25)
+    assert run == {
+        "measured_s": 12.5,
+        "preemptions": 3.0,
+        "prefix_hit_rate": 0.25,
+        "kv_samples": [[0.0, 0.0], [0.5, 0.6], [1.0, 1.0]],
+    }
+    engines = [
+        SimpleNamespace(metrics=lambda: {"num_prefix_queries": 10.0, "num_prefix_hits": 4.0}),
+        SimpleNamespace(metrics=lambda: {}),  # an engine without prefix counters counts 0
+    ]
+    assert prefix_counts(engines) == (10.0, 4.0)
+    assert hit_rate((10.0, 4.0), (30.0, 9.0)) == 0.25
+    assert hit_rate((10.0, 4.0), (10.0, 4.0)) is None
+
+
+def test_build_json_shape_and_default_is_fastest():
+    long_series = [[0.5 * i, (i % 10) / 10] for i in range(1000)]
+    runs = {
+        "static": {
+            "measured_s": 30.0,
+            "preemptions": 0.0,
+            "prefix_hit_rate": None,
+            "kv_samples": [[0.0, 0.2], [0.5, 0.6]],
+        },
+        "kv-incremental": {
+            "measured_s": 20.0,
+            "preemptions": 1.0,
+            "prefix_hit_rate": 0.5,
+            "kv_samples": long_series,
+        },
+        "least-requests": {
+            "measured_s": 25.0,
+            "preemptions": 7.0,
+            "prefix_hit_rate": 0.4,
+            "kv_samples": [],
+        },
+    }
+    cost = {"a_s": 0.01, "b_s": 0.001, "c_s": 1e-8, "p_s": 1e-5}
+    data = build_json(
+        engines=4,
+        model="models/smollm2-135m-instruct",
+        workload={"replay": "w.json"},
+        kv_cache_tokens=4096,
+        cost=cost,
+        runs=runs,
+        predicted={"static": 28.0, "kv-incremental": 21.0},
+    )
+    assert json.loads(json.dumps(data)) == data  # JSON-able as it is
+    assert set(data) == {
+        "engines",
+        "model",
+        "workload",
+        "kv_cache_tokens",
+        "cost",
+        "policies",
+        "default",
+    }
+    assert (data["engines"], data["kv_cache_tokens"], data["cost"]) == (4, 4096, cost)
+    assert data["default"] == "kv-incremental"
+    assert list(data["policies"]) == ["static", "kv-incremental", "least-requests"]
+    static = data["policies"]["static"]
+    assert static == {
+        "measured_s": 30.0,
+        "predicted_s": 28.0,
+        "preemptions": 0.0,
+        "prefix_hit_rate": None,
+        "kv_use_mean": 0.4,
+        "kv_use_peak": 0.6,
+        "kv_use": [[0.0, 0.2], [0.5, 0.6]],
+    }
+    kv = data["policies"]["kv-incremental"]
+    assert kv["kv_use_peak"] == 0.9 and abs(kv["kv_use_mean"] - 0.45) < 1e-9
+    assert len(kv["kv_use"]) <= MAX_SERIES_POINTS
+    assert kv["kv_use"][0] == long_series[0] and kv["kv_use"][-1] == long_series[-1]
+    lr = data["policies"]["least-requests"]
+    assert lr["predicted_s"] is None and lr["kv_use"] == [] and lr["kv_use_mean"] is None
+    assert (
+        build_json(
+            engines=2,
+            model="tiny",
+            workload={},
+            kv_cache_tokens=1,
+            cost=cost,
+            runs={},
+            predicted={},
+        )["default"]
+        is None
+    )
