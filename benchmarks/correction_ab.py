@@ -24,7 +24,7 @@ import json
 import statistics
 from pathlib import Path
 
-from benchmarks.stage_runs import REPO, mean, run_stage
+from benchmarks.stage_runs import REPO, mean, read_rows, run_stage
 
 _OFF = [
     "correction.token_is_cap=null",
@@ -152,7 +152,7 @@ def print_table(summary: dict[str, dict[str, float | None]]) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", required=True, help="SFT'd model folder every arm starts from")
+    ap.add_argument("--model", default="", help="SFT'd model folder every arm starts from")
     ap.add_argument("--out", type=Path, default=REPO / "runs/correction_ab")
     ap.add_argument("--recipe", type=Path, default=REPO / "recipes/pretrained/rl.yaml")
     ap.add_argument("--json", type=Path, default=None, help="write every arm's steps and summary")
@@ -164,7 +164,14 @@ def main() -> None:
     )
     ap.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS))
     ap.add_argument("--set", dest="sets", action="append", default=[], help="override, every arm")
+    ap.add_argument(
+        "--report-only",
+        action="store_true",
+        help="redo the plot, table and JSON from the arms' metrics.jsonl in --out; run nothing",
+    )
     args = ap.parse_args()
+    if not args.model and not args.report_only:
+        ap.error("--model is required (the SFT'd folder every arm starts from)")
     runs: list[tuple[str, str, str, int]] = [
         (a, a, args.engine_dtype, args.steps) for a in args.arms
     ]
@@ -172,13 +179,12 @@ def main() -> None:
         runs.append(("none, fp32 engine", "none", "float32", args.fp32_steps))
     results: dict[str, list[dict]] = {}
     for label, arm, dtype, steps in runs:
-        rows = run_stage(
-            label,
-            model=args.model,
-            out=args.out / label.replace(", ", "_").replace(" ", "_").lower(),
-            recipe=args.recipe,
-            sets=arm_sets(arm, steps=steps, seed=args.seed, dtype=dtype, extra=args.sets),
-        )
+        folder = args.out / label.replace(", ", "_").replace(" ", "_").lower()
+        if args.report_only:
+            rows = read_rows(folder / "metrics.jsonl")
+        else:
+            sets = arm_sets(arm, steps=steps, seed=args.seed, dtype=dtype, extra=args.sets)
+            rows = run_stage(label, model=args.model, out=folder, recipe=args.recipe, sets=sets)
         results[label] = step_rows(rows)
     summary = {name: summarise(steps) for name, steps in results.items()}
     png = args.out / "correction_ab.png"

@@ -1,4 +1,4 @@
-"""GRPO-RoC vs plain GRPO on the tiny default: a miniature of rStar2-Agent's Figure 4.
+"""GRPO-RoC vs plain GRPO from one SFT model: a miniature of rStar2-Agent's Figure 4.
 
 Runs `rstar2 rl-stage` twice from the same SFT'd tiny model with the same seed and steps:
 - GRPO-RoC: recipes/tiny/rl.yaml as is (2G = 8 rollouts per problem, RoC down-samples to G = 4);
@@ -14,7 +14,12 @@ recipes/pretrained/sft.yaml --out runs/smollm2-sft`):
     python -m benchmarks.roc_vs_grpo --model runs/smollm2-sft/final --recipe recipes/pretrained/rl.yaml \
       --steps 10 --set eval.every_steps=2 --set eval.num_problems=32 --out runs/roc_vs_grpo_smollm2 \
       --json runs/roc_vs_grpo_smollm2/roc_vs_grpo.json
-Each run resumes if interrupted (rerun the same command). Extra `--set` values go to both runs.
+Each run resumes if interrupted (rerun the same command). Extra `--set` values go to both runs;
+`--report-only` redoes the plot, table and JSON from the runs already in --out.
+Measured (that SmolLM2 command from the pretrained quickstart's SFT model, 55 min on 2 cores):
+tool-error share in correct trajectories 25.3% (RoC) vs 58.1% (GRPO) over the 10 steps; GRPO
+stops calling the tool (0.69 -> 0.06 calls per rollout), RoC keeps it (0.72); held-out accuracy
+53.1% -> 90.6% (RoC) vs 68.8% (GRPO) on 32 problems. README has the table and plot.
 """
 
 from __future__ import annotations
@@ -23,8 +28,10 @@ import argparse
 import json
 from pathlib import Path
 
-from benchmarks.stage_runs import REPO, mean, run_stage
+from benchmarks.stage_runs import REPO, mean, read_rows, run_stage
 
+# the per-step numbers the JSON keeps (and the plot shows)
+PER_STEP = ("tool_error_share_correct", "reward", "eval_accuracy", "tool_calls_per_rollout")
 RUNS = {
     "GRPO-RoC": [],
     "GRPO": ["roc.enabled=false", "rollout.num_samples_per_prompt=4"],
@@ -44,6 +51,7 @@ def summarise(rows: list[dict]) -> dict[str, float | None]:
         "eval_start": evals[0] if evals else None,
         "eval_end": evals[-1] if evals else None,
         "len_last": mean([r["response_tokens"] for r in steps[-3:]]),
+        "calls_last": mean([r["tool_calls_per_rollout"] for r in steps[-3:]]),
     }
 
 
@@ -57,8 +65,9 @@ def plot(results: dict[str, list[dict]], path: Path) -> None:
         ("tool_error_share_correct", "tool-error share in correct trajectories"),
         ("reward", "reward (training rollouts)"),
         ("eval_accuracy", "held-out accuracy"),
+        ("tool_calls_per_rollout", "tool calls per rollout"),
     ]
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
+    fig, axes = plt.subplots(1, len(panels), figsize=(20, 4.2))
     for ax, (key, title) in zip(axes, panels, strict=False):
         for name, rows in results.items():
             pts = [(r["step"], r[key]) for r in rows if r.get(key) is not None]
@@ -84,10 +93,7 @@ def fmt(value: float | None, pct: bool = False) -> str:
 def write_json(path: Path, results: dict[str, list[dict]], summary: dict[str, dict]) -> None:
     """Both runs' summaries and, per step, the numbers the plot shows."""
     per_step = {
-        name: [
-            {k: r.get(k) for k in ("step", "tool_error_share_correct", "reward", "eval_accuracy")}
-            for r in rows
-        ]
+        name: [{k: r.get(k) for k in ("step", *PER_STEP)} for r in rows]
         for name, rows in results.items()
     }
     path.write_text(json.dumps({"summary": summary, "steps": per_step}, indent=2) + "\n")
@@ -104,6 +110,7 @@ def print_summary(summary: dict[str, dict[str, float | None]]) -> None:
         "held-out acc start",
         "end",
         "resp len last3",
+        "tool calls last3",
     ]
     keys = [
         "err_first_half",
@@ -114,6 +121,7 @@ def print_summary(summary: dict[str, dict[str, float | None]]) -> None:
         "eval_start",
         "eval_end",
         "len_last",
+        "calls_last",
     ]
     pct = {"err_first_half", "err_second_half", "err_all"}
     print(
@@ -156,23 +164,22 @@ def main() -> None:
     ap.add_argument(
         "--set", dest="sets", action="append", default=[], help="extra recipe override for both"
     )
+    ap.add_argument(
+        "--report-only",
+        action="store_true",
+        help="redo the plot, table and JSON from the runs' metrics.jsonl in --out; run nothing",
+    )
     args = ap.parse_args()
     out = Path(args.out)
-    results = {
-        name: run_stage(
-            name,
-            model=args.model,
-            out=out / name.lower().replace("-", "_"),
-            recipe=args.recipe,
-            sets=[
-                *RUNS[name],
-                f"train.num_steps={args.steps}",
-                f"train.seed={args.seed}",
-                *args.sets,
-            ],
-        )
-        for name in RUNS
-    }
+
+    def rows(name: str) -> list[dict]:
+        folder = out / name.lower().replace("-", "_")
+        if args.report_only:
+            return read_rows(folder / "metrics.jsonl")
+        sets = [*RUNS[name], f"train.num_steps={args.steps}", f"train.seed={args.seed}", *args.sets]
+        return run_stage(name, model=args.model, out=folder, recipe=args.recipe, sets=sets)
+
+    results = {name: rows(name) for name in RUNS}
     png = out / "roc_vs_grpo.png"
     plot(results, png)
     summary = {name: summarise(rows) for name, rows in results.items()}
