@@ -85,8 +85,11 @@ def _model():
 def _receiver(address: ws.GroupAddress, rank: int, plan_wire: dict, out: mp.Queue) -> None:
     group = ws.open_group(address, rank, timeout_s=60)
     sums: list[int] = []
+    # NOTE: numpy arrays travel by value; a torch tensor would travel as a shared-memory file
+    # descriptor that the parent can only fetch while this process still lives
     got = {
-        n: t.clone() for n, t in ws.receive(group, ws.SyncPlan.from_wire(plan_wire), "cpu", sums)
+        n: t.clone().numpy()
+        for n, t in ws.receive(group, ws.SyncPlan.from_wire(plan_wire), "cpu", sums)
     }
     out.put((rank, got, ws.combine(sums)))
 
@@ -114,7 +117,9 @@ def test_three_process_gloo_group_delivers_every_tensor_exactly():
     for _, got, received in results:
         assert received == sent
         assert got.keys() == dict(model.named_parameters()).keys()
-        assert all(torch.equal(got[n], p.detach()) for n, p in model.named_parameters())
+        assert all(
+            torch.equal(torch.from_numpy(got[n]), p.detach()) for n, p in model.named_parameters()
+        )
     assert ws.send_module(model, None, plan, zero3=False, device="cpu") is None  # non-source rank
 
 
