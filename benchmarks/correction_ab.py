@@ -46,6 +46,7 @@ KEYS = [
     "step",
     "reward",
     "tool_error_share_correct",
+    "tool_calls_per_rollout",
     "mismatch_kl",
     "is_ratio_mean",
     "is_ratio_max",
@@ -86,6 +87,8 @@ def summarise(steps: list[dict]) -> dict[str, float | None]:
         "accuracy_first_half": mean([s["reward"] for s in first]),
         "accuracy_second_half": mean([s["reward"] for s in last]),
         "tool_error_share_correct": mean(col("tool_error_share_correct")),
+        "tool_calls_per_rollout": mean(col("tool_calls_per_rollout")),
+        "clip_frac": mean(col("clip_frac")),
         "mismatch_kl": mean(col("mismatch_kl")),
         "is_ratio_max": max((v for v in col("is_ratio_max") if v is not None), default=None),
         "truncated_token_share": mean(col("truncated_token_share")),
@@ -106,11 +109,12 @@ def plot(results: dict[str, list[dict]], path: Path) -> None:
 
     panels = [
         ("reward", "training accuracy (reward)"),
-        ("tool_error_share_correct", "tool-error share in correct trajectories"),
+        ("tool_calls_per_rollout", "tool calls per rollout"),
+        ("masked_sequence_share", "sequences masked"),
         ("mismatch_kl", "mismatch_kl (engine vs trainer, k3)"),
         ("time_step_s", "step seconds"),
     ]
-    fig, axes = plt.subplots(1, len(panels), figsize=(19, 4.2))
+    fig, axes = plt.subplots(1, len(panels), figsize=(23, 4.2))
     for ax, (key, title) in zip(axes, panels, strict=True):
         for name, steps in results.items():
             pts = [(s["step"], s[key]) for s in steps if s.get(key) is not None]
@@ -121,7 +125,7 @@ def plot(results: dict[str, list[dict]], path: Path) -> None:
         ax.set_xlabel("RL step")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
-    axes[2].set_yscale("log")
+    axes[3].set_yscale("log")
     fig.suptitle("Rollout corrections from one SFT model and seed (bf16 engines, fp32 trainer)")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -135,6 +139,8 @@ def print_table(summary: dict[str, dict[str, float | None]]) -> None:
         ("held-out start", "eval_start", "pct"),
         ("held-out end", "eval_end", "pct"),
         ("tool err in correct", "tool_error_share_correct", "pct"),
+        ("tool calls/rollout", "tool_calls_per_rollout", "f2"),
+        ("PPO clipped", "clip_frac", "pct"),
         ("mismatch_kl", "mismatch_kl", "sci"),
         ("max ratio", "is_ratio_max", "f3"),
         ("tok truncated", "truncated_token_share", "pct"),
@@ -143,7 +149,7 @@ def print_table(summary: dict[str, dict[str, float | None]]) -> None:
         ("step s", "median_step_s", "f1"),
         ("update s", "median_update_s", "f1"),
     ]
-    forms = {"pct": "{:.1%}", "sci": "{:.2e}", "f3": "{:.3f}", "f1": "{:.1f}"}
+    forms = {"pct": "{:.1%}", "sci": "{:.2e}", "f3": "{:.3f}", "f2": "{:.2f}", "f1": "{:.1f}"}
     print("\n" + f"{'arm':<14}" + "".join(f"{c:>20}" for c, _, _ in cols))
     for name, s in summary.items():
         cells = [forms[f].format(s[k]) if s[k] is not None else "-" for _, k, f in cols]

@@ -43,6 +43,7 @@ def _row(step: int, reward: float, step_s: float, kl: float) -> dict:
         step=step,
         reward=reward,
         mismatch_kl=kl,
+        tool_calls_per_rollout=0.5,
         is_ratio_max=1.0 + kl,
         truncated_token_share=0.0,
         masked_token_share=0.0,
