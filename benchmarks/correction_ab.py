@@ -14,7 +14,13 @@ Run (from the repository root, after `make smollm2` and an SFT cold start, e.g. 
 quickstart's runs/qs-smollm2/sft/final):
     python -m benchmarks.correction_ab --model runs/qs-smollm2/sft/final --out runs/correction_ab \
       --json runs/correction_ab/correction_ab.json
-Each arm resumes if interrupted (rerun the same command). Extra `--set` values go to every arm.
+Each arm resumes if interrupted (rerun the same command). Extra `--set` values go to every arm;
+`--report-only` redoes the table, plot and JSON from the arms already in --out.
+Measured (that command plus `--steps 20 --fp32-steps 0 --set rollout.num_prompts_per_step=2 --set
+eval.every_steps=20 --set eval.num_problems=32`, seeds 0 and 1, 35 min each): mismatch_kl ~4e-3
+with bf16 engines; training accuracy in steps 11-20 none 77% / 44%, token TIS 68% / 38%,
+geometric 51% / 50% (41-46% of sequences masked), bypass 36% / 56%: the seeds move it more than
+the settings. README has the table.
 """
 
 from __future__ import annotations
