@@ -30,7 +30,8 @@ import json
 import statistics
 from pathlib import Path
 
-from benchmarks.stage_runs import REPO, mean, read_rows, run_stage
+from benchmarks.stage_runs import REPO, mean, plot_steps, read_rows, run_stage
+from rstar2cli.rl.correction import METRIC_KEYS
 
 _OFF = [
     "correction.token_is_cap=null",
@@ -53,12 +54,7 @@ KEYS = [
     "reward",
     "tool_error_share_correct",
     "tool_calls_per_rollout",
-    "mismatch_kl",
-    "is_ratio_mean",
-    "is_ratio_max",
-    "truncated_token_share",
-    "masked_token_share",
-    "masked_sequence_share",
+    *METRIC_KEYS,
     "clip_frac",
     "grad_norm",
     "time_rollout_s",
@@ -107,35 +103,13 @@ def summarise(steps: list[dict]) -> dict[str, float | None]:
     }
 
 
-def plot(results: dict[str, list[dict]], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    panels = [
-        ("reward", "training accuracy (reward)"),
-        ("tool_calls_per_rollout", "tool calls per rollout"),
-        ("masked_sequence_share", "sequences masked"),
-        ("mismatch_kl", "mismatch_kl (engine vs trainer, k3)"),
-        ("time_step_s", "step seconds"),
-    ]
-    fig, axes = plt.subplots(1, len(panels), figsize=(23, 4.2))
-    for ax, (key, title) in zip(axes, panels, strict=True):
-        for name, steps in results.items():
-            pts = [(s["step"], s[key]) for s in steps if s.get(key) is not None]
-            if pts:
-                xs, ys = zip(*pts, strict=True)
-                ax.plot(xs, ys, marker="o", markersize=3, label=name)
-        ax.set_title(title, fontsize=10)
-        ax.set_xlabel("RL step")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-    axes[3].set_yscale("log")
-    fig.suptitle("Rollout corrections from one SFT model and seed (bf16 engines, fp32 trainer)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+PANELS = [
+    ("reward", "training accuracy (reward)"),
+    ("tool_calls_per_rollout", "tool calls per rollout"),
+    ("masked_sequence_share", "sequences masked"),
+    ("mismatch_kl", "mismatch_kl (engine vs trainer, k3)"),
+    ("time_step_s", "step seconds"),
+]
 
 
 def print_table(summary: dict[str, dict[str, float | None]]) -> None:
@@ -200,7 +174,13 @@ def main() -> None:
         results[label] = step_rows(rows)
     summary = {name: summarise(steps) for name, steps in results.items()}
     png = args.out / "correction_ab.png"
-    plot(results, png)
+    plot_steps(
+        results,
+        panels=PANELS,
+        title="Rollout corrections from one SFT model and seed (bf16 engines, fp32 trainer)",
+        path=png,
+        log_keys=("mismatch_kl",),
+    )
     print_table(summary)
     print(f"plot: {png}")
     if args.json:

@@ -28,7 +28,7 @@ import argparse
 import json
 from pathlib import Path
 
-from benchmarks.stage_runs import REPO, mean, read_rows, run_stage
+from benchmarks.stage_runs import REPO, mean, plot_steps, read_rows, run_stage
 
 # the per-step numbers the JSON keeps (and the plot shows)
 PER_STEP = ("tool_error_share_correct", "reward", "eval_accuracy", "tool_calls_per_rollout")
@@ -55,33 +55,12 @@ def summarise(rows: list[dict]) -> dict[str, float | None]:
     }
 
 
-def plot(results: dict[str, list[dict]], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    panels = [
-        ("tool_error_share_correct", "tool-error share in correct trajectories"),
-        ("reward", "reward (training rollouts)"),
-        ("eval_accuracy", "held-out accuracy"),
-        ("tool_calls_per_rollout", "tool calls per rollout"),
-    ]
-    fig, axes = plt.subplots(1, len(panels), figsize=(20, 4.2))
-    for ax, (key, title) in zip(axes, panels, strict=False):
-        for name, rows in results.items():
-            pts = [(r["step"], r[key]) for r in rows if r.get(key) is not None]
-            if pts:
-                xs, ys = zip(*pts, strict=False)
-                ax.plot(xs, ys, marker="o", markersize=3, label=name)
-        ax.set_title(title, fontsize=10)
-        ax.set_xlabel("RL step")
-        ax.grid(alpha=0.3)
-        ax.legend()
-    fig.suptitle("GRPO-RoC vs GRPO from one SFT model (a miniature of rStar2-Agent Figure 4)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+PANELS = [
+    ("tool_error_share_correct", "tool-error share in correct trajectories"),
+    ("reward", "reward (training rollouts)"),
+    ("eval_accuracy", "held-out accuracy"),
+    ("tool_calls_per_rollout", "tool calls per rollout"),
+]
 
 
 def fmt(value: float | None, pct: bool = False) -> str:
@@ -181,7 +160,12 @@ def main() -> None:
 
     results = {name: rows(name) for name in RUNS}
     png = out / "roc_vs_grpo.png"
-    plot(results, png)
+    plot_steps(
+        results,
+        panels=PANELS,
+        title="GRPO-RoC vs GRPO from one SFT model (a miniature of rStar2-Agent Figure 4)",
+        path=png,
+    )
     summary = {name: summarise(rows) for name, rows in results.items()}
     if args.json:
         write_json(args.json, results=results, summary=summary)

@@ -33,3 +33,37 @@ def read_rows(path: Path) -> list[dict]:
 def mean(values: list[float | None]) -> float | None:
     known = [v for v in values if v is not None]
     return sum(known) / len(known) if known else None
+
+
+def plot_steps(
+    results: dict[str, list[dict]],
+    *,
+    panels: list[tuple[str, str]],
+    title: str,
+    path: Path,
+    log_keys: tuple[str, ...] = (),
+) -> None:
+    """One panel per (metrics key, panel title), one line per run over its rows' `step`; a row
+    without the key (or with None) is skipped; `log_keys` panels on a log scale."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.6 * len(panels), 4.2))
+    for ax, (key, panel_title) in zip(axes, panels, strict=True):
+        for name, rows in results.items():
+            pts = [(r["step"], r[key]) for r in rows if r.get(key) is not None]
+            if pts:
+                xs, ys = zip(*pts, strict=True)
+                ax.plot(xs, ys, marker="o", markersize=3, label=name)
+        ax.set_title(panel_title, fontsize=10)
+        ax.set_xlabel("RL step")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+        if key in log_keys:
+            ax.set_yscale("log")
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
