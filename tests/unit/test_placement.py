@@ -63,6 +63,36 @@ def test_engine_env_sets_and_restores_the_variables(monkeypatch):
         assert "|" in os.environ["VLLM_CPU_OMP_THREADS_BIND"]
     assert "CUDA_VISIBLE_DEVICES" not in os.environ
     assert "VLLM_CPU_OMP_THREADS_BIND" not in os.environ
+    # a CPU engine with cores of its own binds its one worker inside them
+    with pl.engine_env((), 1, on_gpu=False, cpu_cores=(1,)):
+        assert os.environ["VLLM_CPU_OMP_THREADS_BIND"] == "1"
+    with pl.engine_env((), 1, on_gpu=False):  # one engine, no cores named: vLLM's own binding
+        assert "VLLM_CPU_OMP_THREADS_BIND" not in os.environ
+
+
+def test_cpu_engines_split_the_allowed_cores(monkeypatch):
+    assert pl.core_runs(2, [3, 2, 1, 0]) == [(0, 1), (2, 3)]
+    assert pl.core_runs(4, [0, 1]) == [(0,), (1,), (0,), (1,)]  # fewer cores: engines share
+    monkeypatch.setattr(pl.os, "sched_getaffinity", lambda pid: {0, 1})
+    assert pl.cpu_engine_cores(2) == [(0,), (1,)]
+    from rstar2cli.engines import build
+
+    two = build._engine_settings(
+        {"model_path": "m", "kv_cache_tokens": 4096, "max_model_len": 512},
+        kind="vllm",
+        seed=0,
+        num_engines=2,
+        tensor_parallel_size=1,
+        devices=None,
+        on_ray=False,
+        colocated=False,
+        gpu_memory_fraction=None,
+    )
+    assert [s["cpu_cores"] for s in two] == [(0,), (1,)]
+    # one engine takes every core; a Ray actor the CPUs Ray gives it
+    assert build._cpu_cores("vllm", 1, on_ray=False, per_engine=[()]) == []
+    assert build._cpu_cores("vllm", 2, on_ray=True, per_engine=[(), ()]) == []
+    assert build._cpu_cores("vllm", 2, on_ray=False, per_engine=[(0,), (1,)]) == []  # GPUs
 
 
 def test_separate_plan_spreads_engine_bundles_and_packs_trainer_ranks():
