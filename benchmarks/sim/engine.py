@@ -107,3 +107,11 @@ class SimEngine:
         self.max_kv_used = max(self.max_kv_used, used + batch * k)
         self.steps.append((now_s, dt, batch, kv_mean))
         return dt, k
+
+    def stretch_last(self, wall_s: float) -> None:
+        """The last step took `wall_s` (it shared its cores: `sharing.CoreShare`), not what it
+        cost alone."""
+        start, dt, batch, kv_mean = self.steps[-1]
+        self.busy_s += wall_s - dt
+        self.kv_token_s += (wall_s - dt) * kv_mean
+        self.steps[-1] = (start, wall_s, batch, kv_mean)

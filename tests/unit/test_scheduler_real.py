@@ -143,6 +143,7 @@ def test_build_json_shape_and_default_is_fastest():
         "workload",
         "kv_cache_tokens",
         "cost",
+        "fit",
         "policies",
         "default",
     }
@@ -177,3 +178,30 @@ def test_build_json_shape_and_default_is_fastest():
         )["default"]
         is None
     )
+
+
+def test_the_cost_fit_recovers_the_costs_that_made_its_calls():
+    from benchmarks.scheduler_real import call_terms, solve_cost
+
+    truth = (0.03, 0.004, 2e-6, 0.0025)  # a, b, c, p
+    plan = [(b, p, 48) for p in (32, 576) for b in (1, 4, 16)] + [(6, 576, 1)]
+    points = [(b, p, n, sum(t * x for t, x in zip(truth, call_terms(b, p, n)))) for b, p, n in plan]
+    cost, error = solve_cost(points)
+    assert error < 1e-9
+    got = (cost.a_s, cost.b_s, cost.c_s, cost.p_s)
+    assert all(abs(g - t) <= 1e-6 * t for g, t in zip(got, truth))
+    # a term the calls cannot pay for (here: context reads costing nothing, the rest noisy) is
+    # never fitted negative: it is dropped and the rest refitted
+    noisy = [(b, p, n, w * (1.05 if i % 2 else 0.95)) for i, (b, p, n, w) in enumerate(points)]
+    cost, error = solve_cost(noisy)
+    assert min(cost.a_s, cost.b_s, cost.c_s, cost.p_s) >= 0.0 and error < 0.2
+
+
+def test_engines_timed_at_once_share_no_core_and_unbound_ones_share_one():
+    from benchmarks.scheduler_real import disjoint_engines, sim_cores
+
+    assert disjoint_engines([(0,), (1,), (0,), (1,)]) == [0, 1]  # 4 engines on 2 cores
+    assert disjoint_engines([(0, 1), (2, 3)]) == [0, 1]
+    assert disjoint_engines([(), ()]) == [0]  # vLLM's own binding: they share every core
+    assert sim_cores([(), ()]) == [(-1,), (-1,)]
+    assert sim_cores([(0,), (1,)]) == [(0,), (1,)]

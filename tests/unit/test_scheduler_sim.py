@@ -460,3 +460,29 @@ def test_sim_oracle_adds_the_hindsight_start_rows(tmp_path):
     assert set(runs) == {"kv-incremental", "kv-peak (oracle)", "kv-peak (prompt oracle)"}
     for run in runs.values():
         assert run["batching_bound_s"] <= run["makespan_s"]
+
+
+def test_engines_on_one_core_share_it_and_a_lone_one_runs_at_full_speed():
+    cost = Cost(a_s=0.01, b_s=0.0, c_s=0.0, p_s=0.0)
+    twins = [SimTraj(100, [320], [], []), SimTraj(100, [320], [], [])]
+
+    def run(cores, trajs):
+        return simulate(
+            trajs,
+            SchedulerConfig(policy="least-requests", kv_mode="full"),
+            num_engines=2,
+            capacity_tokens=1000,
+            max_response=400,
+            cost=cost,
+            engine_cores=cores,
+        )
+
+    own = run([(0,), (1,)], twins)
+    shared = run([(0,), (0,)], twins)
+    assert own.makespan_s == pytest.approx(320 * 0.01)  # each engine steps alone
+    assert shared.makespan_s == pytest.approx(2 * own.makespan_s)  # both step on core 0
+    assert sum(shared.busy_s) == pytest.approx(2 * shared.makespan_s)
+    # one long and one short: the long one runs at half speed beside the short one, then alone
+    uneven = [SimTraj(100, [320], [], []), SimTraj(100, [64], [], [])]
+    alone = run([(0,), (1,)], uneven).makespan_s
+    assert run([(0,), (0,)], uneven).makespan_s == pytest.approx(alone + 64 * 0.01)
