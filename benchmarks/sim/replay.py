@@ -184,6 +184,34 @@ def _percentile(values: list[int], q: float) -> int:
     return ordered[max(0, math.ceil(len(ordered) * q) - 1)]
 
 
+def sessions(
+    *,
+    num_prompts: int,
+    num_samples: int,
+    prompt_tokens: int,
+    turns: int,
+    turn_tokens: int,
+    chunk_tokens: int,
+    tool_s: float,
+) -> list[Replay]:
+    """Identical many-turn sessions: every trajectory `turns` turns of `turn_tokens` tokens, each
+    tool call answered with `chunk_tokens` tokens after `tool_s` seconds. Many of them at once
+    on a small KV is where sending every turn back to its home engine thrashes: the prefixes of
+    sessions waiting for a tool are evicted by the ones running, and prefilled again."""
+    return [
+        Replay(
+            group=g,
+            sample=k,
+            prompt_tokens=prompt_tokens,
+            turns=[turn_tokens] * turns,
+            chunks=[chunk_tokens] * (turns - 1),
+            tool_s=[tool_s] * (turns - 1),
+        )
+        for g in range(num_prompts)
+        for k in range(num_samples)
+    ]
+
+
 def summary(replays: list[Replay]) -> dict[str, float]:
     """Counts and sizes, for a report: trajectories, groups, response tokens (tool chunks
     included) per trajectory (mean, p50, p90, max), turns per trajectory, tool calls and their
@@ -205,8 +233,9 @@ def summary(replays: list[Replay]) -> dict[str, float]:
 
 def main(argv: list[str] | None = None) -> None:
     """`python -m benchmarks.sim.replay --records R.jsonl [--records ...] --out F`, or
-    `--from-sim --num-prompts P --num-samples S --max-response T --seed K --out F`: write a
-    replay file and print its summary."""
+    `--from-sim --num-prompts P --num-samples S --max-response T --seed K --out F`, or
+    `--sessions TURNS,TOKENS,CHUNK,TOOL_S --num-prompts P --num-samples S --prompt-tokens N
+    --out F` (`sessions`): write a replay file and print its summary."""
     import argparse
 
     from benchmarks.sim.workload import make_workload
@@ -215,6 +244,13 @@ def main(argv: list[str] | None = None) -> None:
     src = ap.add_mutually_exclusive_group(required=True)
     src.add_argument("--records", action="append", help="trajectory records (JSON lines)")
     src.add_argument("--from-sim", action="store_true", help="the simulator's generator")
+    src.add_argument(
+        "--sessions",
+        metavar="TURNS,TOKENS,CHUNK,TOOL_S",
+        help="identical sessions: TURNS turns of TOKENS tokens, tool answers of CHUNK tokens "
+        "after TOOL_S seconds",
+    )
+    ap.add_argument("--prompt-tokens", type=int, default=200, help="--sessions' prompt length")
     ap.add_argument("--num-prompts", type=int, default=8)
     ap.add_argument("--num-samples", type=int, default=4)
     ap.add_argument("--max-response", type=int, default=2048)
@@ -225,6 +261,19 @@ def main(argv: list[str] | None = None) -> None:
         lines = [ln for p in args.records for ln in Path(p).read_text().splitlines()]
         replays = from_records(json.loads(ln) for ln in lines if ln.strip())
         meta: dict[str, Any] = {"source": "records", "records": args.records}
+    elif args.sessions:
+        turns, tokens, chunk, tool_s = args.sessions.split(",")
+        shape = dict(
+            num_prompts=args.num_prompts,
+            num_samples=args.num_samples,
+            prompt_tokens=args.prompt_tokens,
+            turns=int(turns),
+            turn_tokens=int(tokens),
+            chunk_tokens=int(chunk),
+            tool_s=float(tool_s),
+        )
+        replays = sessions(**shape)
+        meta = {"source": "sessions", **shape}
     else:
         settings = dict(
             num_prompts=args.num_prompts,

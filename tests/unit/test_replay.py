@@ -11,7 +11,16 @@ import json
 import pytest
 
 from benchmarks.scheduler_scripted import ScriptedTrajectory, chunk_digits, replay_items
-from benchmarks.sim.replay import Replay, from_records, from_sim, load, save, summary, to_sim
+from benchmarks.sim.replay import (
+    Replay,
+    from_records,
+    from_sim,
+    load,
+    main,
+    save,
+    summary,
+    to_sim,
+)
 from benchmarks.sim.workload import make_workload
 from rstar2cli import protocol as P
 from rstar2cli.engines.base import GenOutput, SamplingSpec
@@ -198,3 +207,16 @@ def test_endpoint_body_asks_ignore_eos_only_when_set():
         assert asyncio.run(engine.generate("r", [1, 2], spec)).token_ids == [5, 5]
     assert bodies[0]["ignore_eos"] is True and bodies[0]["stop_token_ids"] == []
     assert "ignore_eos" not in bodies[1] and bodies[1]["stop_token_ids"] == [IM_END]
+
+
+def test_sessions_are_identical_many_turn_trajectories(tmp_path):
+    out = tmp_path / "s.json"
+    main(
+        ["--sessions", "4,64,40,1.5", "--num-prompts", "3", "--num-samples", "2", "--out", str(out)]
+    )
+    replays, meta = load(out)
+    assert meta["source"] == "sessions" and len(replays) == 6
+    assert {(r.group, r.sample) for r in replays} == {(g, k) for g in range(3) for k in range(2)}
+    r = replays[0]
+    assert (r.prompt_tokens, r.turns, r.chunks, r.tool_s) == (200, [64] * 4, [40] * 3, [1.5] * 3)
+    assert r.response_tokens == 4 * 64 + 3 * 40
