@@ -34,6 +34,7 @@ from rstar2cli.scheduler.scheduler import SchedulerConfig
 REPLAY_MARGIN_TOKENS = 64
 GENERATED_MAX_MODEL_LEN = 2048  # the scripted generator's turns stay well inside it
 MAX_SERIES_POINTS = 200
+KV_BLOCK_TOKENS = 16  # vLLM's block size on the engines part (a) runs
 
 
 @dataclass
@@ -105,8 +106,10 @@ def replay_in_sim(
     """(a)'s scripted workload, with its real prompt and tool-chunk token counts, in the
     simulator on the fitted cost, the engines' real KV and cores: the simulated makespan of
     every selected policy, to set beside the measured one (does the simulator that part (b)
-    rests on rank the policies as the real engines do?). Tool calls take their scripted sleep;
-    the sandbox's fork and queue are not modelled."""
+    rests on rank the policies as the real engines do?). The engines' prefix cache shares the
+    prompts' common prefix (the system prompt) and each group's prompt among its samples, as
+    vLLM's does. Tool calls take their scripted sleep; the sandbox's fork and queue are not
+    modelled."""
     from rstar2cli import protocol as P
     from rstar2cli.agent.loop import prompt_ids_for
 
@@ -114,15 +117,16 @@ def replay_in_sim(
         text = P.render_tool_response(P.format_tool_output("ok", f"{turn * 7}\n", ""))
         return len(tok.encode(text, add_special_tokens=False))
 
+    prompts = [prompt_ids_for(item["question"], tok) for item in work.items]
     trajs = [
         SimTraj(
-            prompt_tokens=len(prompt_ids_for(item["question"], tok)),
+            prompt_tokens=len(prompt_ids),
             turns=list(item["turns"]),
             chunks=list(item.get("chunks") or map(chunk_tokens, range(len(item["turns"]) - 1))),
             tool_s=list(item["tool_s"]),
             group=item["id"],
         )
-        for item in work.items
+        for item, prompt_ids in zip(work.items, prompts, strict=True)
     ]
     out = {}
     for name in selected(args):
@@ -134,9 +138,23 @@ def replay_in_sim(
             max_response=work.max_response,
             cost=cost,
             engine_cores=engine_cores,
+            # whole KV blocks, as vLLM's prefix cache shares them and the driver's ledger counts
+            shared_prefix_tokens=common_prefix(prompts) // KV_BLOCK_TOKENS * KV_BLOCK_TOKENS,
+            share_group_prompts=True,
         )
         out[name] = result.makespan_s
     return out
+
+
+def common_prefix(prompts: list[list[int]]) -> int:
+    """How many leading tokens every prompt has in common (the chat template's system prompt)."""
+    if not prompts:
+        return 0
+    first, n = prompts[0], min(map(len, prompts))
+    for i in range(n):
+        if any(p[i] != first[i] for p in prompts):
+            return i
+    return n
 
 
 def prefix_counts(engines: list[Any]) -> tuple[float, float]:

@@ -21,6 +21,7 @@ business. Tested in tests/unit/test_scheduler_sim.py.
 from __future__ import annotations
 
 from collections import OrderedDict, deque
+from collections.abc import Hashable
 from dataclasses import dataclass, field
 
 from benchmarks.sim.workload import Cost
@@ -35,6 +36,13 @@ class Request:
     left: int  # tokens still to produce in this request
     made: int = 0
     prefill: int = 0  # tokens to prefill before its first step here; -1: decided at admission
+    # leading pieces of its context other requests share ((piece, tokens): a system prompt, its
+    # group's prompt), held once per engine (`SimEngine.kv_used`)
+    pieces: tuple[tuple[Hashable, int], ...] = ()
+
+    @property
+    def shared(self) -> int:
+        return sum(n for _, n in self.pieces)
 
 
 @dataclass
@@ -57,11 +65,34 @@ class SimEngine:
     busy_s: float = 0.0
     kv_token_s: float = 0.0  # integral of KV in use over time
     max_kv_used: int = 0
+    # prefix pieces computed here (`Request.pieces`): kept, as vLLM keeps blocks every new request
+    # reads (a system prompt) or a group's samples read one after another
+    resident: set[Hashable] = field(default_factory=set)
     # (start s, duration s, batch, mean KV tokens held) per macro step
     steps: list[tuple[float, float, int, float]] = field(default_factory=list)
 
     def kv_used(self) -> int:
-        return sum(r.ctx for r in self.running)
+        """KV held by the running batch: each request's own tokens, and each shared piece once."""
+        total, pieces = 0, dict[Hashable, int]()
+        for r in self.running:
+            total += r.ctx
+            if r.pieces:
+                total -= r.shared
+                pieces.update(r.pieces)
+        return total + sum(pieces.values())
+
+    def kv_needed(self, req: Request) -> int:
+        """KV the running batch would hold with `req` in it."""
+        held = {p for r in self.running for p, _ in r.pieces}
+        return self.kv_used() + req.ctx - sum(n for p, n in req.pieces if p in held)
+
+    def reusable(self, req: Request) -> int:
+        """Context tokens `req` finds computed here: its shared pieces, and its own tokens
+        cached from its last request here (taken out of the cache)."""
+        own = self.cache_take(req.key)
+        pieces = sum(n for p, n in req.pieces if p in self.resident)
+        self.resident.update(p for p, _ in req.pieces)
+        return min(req.ctx, pieces + own)
 
     def cache_put(self, key: int, num_tokens: int) -> None:
         self.cache_take(key)
@@ -86,11 +117,11 @@ class SimEngine:
         used = self.kv_used()
         while used + len(self.running) > self.capacity_tokens and len(self.running) > 1:
             victim = self.running.pop()  # recompute preemption: the newest request loses its KV
-            victim.prefill = victim.ctx
-            self.num_recomputed_tokens += victim.ctx
+            victim.prefill = victim.ctx - sum(n for p, n in victim.pieces if p in self.resident)
+            self.num_recomputed_tokens += victim.prefill
             self.waiting.appendleft(victim)
             self.num_preemptions += 1
-            used -= victim.ctx
+            used = self.kv_used()
         batch = len(self.running)
         room = max(1, (self.capacity_tokens - used) // batch)
         k = max(1, min(min(r.left for r in self.running), MAX_MACRO_STEPS, room))

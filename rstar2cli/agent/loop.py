@@ -345,6 +345,16 @@ def prompt_ids_for(question: str, tokenizer: Any, template: str = "paper") -> li
     return tokenizer.encode(P.render_prompt(question, template), add_special_tokens=False)
 
 
+def shared_prompt_prefix(tokenizer: Any, template: str = "paper") -> int:
+    """Tokens every rendered prompt starts with (the template's system prompt and the user
+    turn's opening), probed with questions that differ in their first character."""
+    probes = [prompt_ids_for(q, tokenizer, template) for q in ("0", "A", "?")]
+    n = 0
+    while all(len(p) > n and p[n] == probes[0][n] for p in probes):
+        n += 1
+    return n
+
+
 def longest_prompt_tokens(questions: Iterable[str], tokenizer: Any, template: str = "paper") -> int:
     """Tokens of the longest rendered prompt: engines size `max_model_len` from it."""
     return max(len(prompt_ids_for(q, tokenizer, template)) for q in set(questions))

@@ -18,7 +18,9 @@ in tokens). A Ray proxy reports its actor's.
 
 Beyond the Protocol, vLLM engines (and their Ray proxies) take part in the broadcast weight sync
 (`num_weight_receivers`, `join_weight_group`, `receive_weights`; rstar2cli/rl/sync.py) and sleep
-between phases when colocated; an engine without them gets `update_weights`.
+between phases when colocated; an engine without them gets `update_weights`. `shares_prefixes`
+(vLLM engines and their proxies; absent: False) says requests with a common prefix hold its KV
+blocks once, so the scheduler's ledger counts the system prompt once per engine.
 
 What this module does not do: admission control. The scheduler keeps its own KV ledger against
 `kv_capacity_tokens()`; `kv_used_tokens()` and `metrics()` are for stats and plots only. It

@@ -59,6 +59,7 @@ class EngineActor:
             "num_weight_receivers": receivers() if receivers is not None else 0,
             "weight_dtype": getattr(self.engine, "weight_dtype", lambda: None)(),
             "on_gpu": bool(getattr(self.engine, "on_gpu", False)),
+            "shares_prefixes": bool(getattr(self.engine, "shares_prefixes", False)),
             "devices": self.devices,  # set explicitly (colocated); else Ray's gpu_ids apply
             **where_am_i(),
         }
@@ -114,6 +115,7 @@ class RayEngine:
         self._num_receivers = int(info["num_weight_receivers"])
         self._weight_dtype = info["weight_dtype"]
         self.on_gpu = bool(info["on_gpu"])
+        self.shares_prefixes = bool(info.get("shares_prefixes", False))
         self._kv_used = 0
         self._metrics: dict[str, float] = {}
         self._num_in_flight = 0

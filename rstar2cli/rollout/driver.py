@@ -31,7 +31,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from rstar2cli.agent.loop import AgentConfig, Next, Trajectory, prompt_ids_for
+from rstar2cli.agent.loop import AgentConfig, Next, Trajectory, prompt_ids_for, shared_prompt_prefix
 from rstar2cli.agent.tools import ToolBatcher, ToolRunner
 from rstar2cli.errors import UserError
 from rstar2cli.records import TrajectoryRecord
@@ -218,8 +218,17 @@ class _Run:
         self.on_record = on_record
         # NOTE: one block size for the ledger; engines of one run share a model and a build
         block = max(e.kv_block_size_tokens() for e in engines)
+        self.capacity_tokens = [e.kv_capacity_tokens() for e in engines]
+        # engines with a prefix cache hold the system prompt's whole blocks once for every
+        # request: the ledger counts them once per engine
+        shared = 0
+        if all(getattr(e, "shares_prefixes", False) for e in engines):
+            shared = shared_prompt_prefix(tokenizer, agent_config.template) // block * block
         self.sched = Scheduler(
-            [e.kv_capacity_tokens() for e in engines], sched_config, block_size_tokens=block
+            self.capacity_tokens,
+            sched_config,
+            block_size_tokens=block,
+            shared_prefix_tokens=shared,
         )
         self.trajs: dict[int, Trajectory] = {}
         self.events: asyncio.Queue[tuple[str, int, Any]] = asyncio.Queue()
@@ -369,15 +378,19 @@ class _Run:
             num_tool_calls=len(self.tools.latencies_s) - self.tool_latency_offset,
             tool_latency_s=self.tools.latencies_s[self.tool_latency_offset :],
             kv_samples=self.kv_samples,
-            max_ledger_used_tokens=list(s.ledger.max_used_tokens),
+            max_ledger_used_tokens=[self._with_prefix(u) for u in s.ledger.max_used_tokens],
             drafts=(drafts[0], drafts[1], drafts[2]),
-            capacity_tokens=list(s.capacity_tokens),
+            capacity_tokens=list(self.capacity_tokens),
             unfinished=list(self.trajs.values()),
         )
 
+    def _with_prefix(self, ledger_tokens: int) -> int:
+        """An engine's ledger use as KV: its reservations and, under any, the shared prefix."""
+        return ledger_tokens + (self.sched.shared_prefix_tokens if ledger_tokens else 0)
+
     def take_sample(self, on_tick: Callable[[Snapshot], None] | None) -> None:
         n = len(self.engines)
-        ledger = [self.sched.ledger.used(e) for e in range(n)]
+        ledger = [self._with_prefix(self.sched.ledger.used(e)) for e in range(n)]
         engine_used = [int(e.kv_used_tokens()) for e in self.engines]
         elapsed = time.monotonic() - self.start
         self.kv_samples.append((elapsed, ledger, engine_used))
@@ -390,6 +403,6 @@ class _Run:
                     num_tool_in_flight=self.tools.num_in_flight,
                     ledger_used_tokens=ledger,
                     engine_used_tokens=engine_used,
-                    capacity_tokens=list(self.sched.capacity_tokens),
+                    capacity_tokens=list(self.capacity_tokens),
                 )
             )

@@ -172,11 +172,19 @@ class Scheduler:
         block_size_tokens: int = 1,
         clock: Callable[[], float] = time.monotonic,
         lengths: SiblingLengths | None = None,
+        shared_prefix_tokens: int = 0,
     ):
         """`lengths`: where trajectories' lengths so far are told and predicted from (a fresh
-        `SiblingLengths` by default; the simulator passes a hindsight table)."""
+        `SiblingLengths` by default; the simulator passes a hindsight table).
+        `shared_prefix_tokens`: every trajectory's context starts with these tokens in common
+        (the template's system prompt), which an engine's prefix cache holds once for all the
+        requests it runs: the ledger counts them once per engine, not once per trajectory.
+        Token counts told to the scheduler stay whole contexts."""
         self.config = config or SchedulerConfig()
-        self.capacity_tokens = list(capacity_tokens)  # the engines' real KV
+        self.shared_prefix_tokens = shared_prefix_tokens
+        # the engines' real KV, less the shared prefix each one holds once
+        self.capacity_tokens = [max(1, c - shared_prefix_tokens) for c in capacity_tokens]
+        capacity_tokens = self.capacity_tokens
         # `full` mode is the paper's rule as is
         over = self.config.kv_overcommit if self._stepwise() else 1.0
         self.ledger = KVLedger([int(c * over) for c in capacity_tokens], block_size_tokens)
@@ -220,6 +228,7 @@ class Scheduler:
         if key in self.slots:
             raise ValueError(f"trajectory {key!r} added twice")
         group = (key,) if group is None else group
+        prompt_tokens = self._own(prompt_tokens)
         slot = Slot(
             key=key,
             prompt_tokens=prompt_tokens,
@@ -267,7 +276,7 @@ class Scheduler:
         if next_status not in (Status.TOOL, Status.WAITING, Status.DONE):
             raise ValueError(f"cannot go from running to {next_status}")
         self._set_running(slot.home, -1)
-        slot.num_tokens = num_tokens
+        slot.num_tokens = num_tokens = self._own(num_tokens)
         slot.step_cap = None
         self.lengths.update(key, num_tokens - slot.prompt_tokens)
         if next_status is Status.DONE:
@@ -286,12 +295,16 @@ class Scheduler:
 
     def on_tool_done(self, key: Hashable, num_tokens: int) -> None:
         slot = self._expect(key, Status.TOOL)
-        slot.num_tokens = num_tokens
+        slot.num_tokens = num_tokens = self._own(num_tokens)
         self.lengths.update(key, num_tokens - slot.prompt_tokens)
         slot.status = Status.WAITING
         slot.after_tool = True
         self._ready[key] = None
         slot.ready_since = self.clock()
+
+    def _own(self, context_tokens: int) -> int:
+        """A context's tokens less the shared prefix (held once per engine, not per trajectory)."""
+        return context_tokens - min(self.shared_prefix_tokens, context_tokens)
 
     def finish(self, key: Hashable) -> None:
         """End a trajectory that is not running (e.g. its tool answer spent the budget)."""

@@ -16,6 +16,7 @@ from rstar2cli.agent.loop import (
     Trajectory,
     prompt_ids_for,
     run_trajectory,
+    shared_prompt_prefix,
 )
 from rstar2cli.agent.tools import ToolBatcher
 from rstar2cli.data.tiny import build_tokenizer
@@ -291,3 +292,11 @@ def test_the_driver_stops_with_an_error_when_its_scheduler_starts_nothing(tok, m
     with pytest.raises(RuntimeError, match="placed none of the 2 unfinished trajectories"):
         asyncio.run(go())
     assert engine.requests == []
+
+
+def test_the_shared_prompt_prefix_is_what_every_rendered_prompt_starts_with(tok):
+    shared = shared_prompt_prefix(tok)
+    prompts = [prompt_ids_for(q, tok) for q in ("What is 2+2?", "Solve x^2=4.", "7 * 6")]
+    assert all(p[:shared] == prompts[0][:shared] for p in prompts)
+    assert len({p[shared] for p in prompts}) > 1  # one token further, they part
+    assert shared > 10  # the system prompt

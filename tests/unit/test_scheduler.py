@@ -39,6 +39,21 @@ def test_kv_full_admits_only_what_fits_and_spreads_to_most_free():
     assert s.schedule() == []  # nothing fits; nothing over-commits
 
 
+def test_a_shared_prefix_is_counted_once_per_engine():
+    # prompts of 400 tokens, 300 of them a system prompt every prompt starts with; budget 50.
+    # Counted whole, an engine of 1000 holds two (2 x 450); the prefix once, four (300 + 4 x 150)
+    config = SchedulerConfig(policy="kv", kv_mode="full", kv_overcommit=1.0)
+    alone, shared = Scheduler([1000], config), Scheduler([1000], config, shared_prefix_tokens=300)
+    for s in (alone, shared):
+        for k in range(5):
+            s.add(k, prompt_tokens=400, max_response_tokens=50)
+    assert len(alone.schedule()) == 2 and len(shared.schedule()) == 4
+    assert shared.capacity_tokens == [700] and shared.ledger.free(0) == 700 - 4 * 150
+    # told whole contexts, it keeps each trajectory's own tokens; a finished one frees its own
+    shared.on_generated(0, 430, Status.DONE)
+    assert shared.ledger.free(0) == 250 and len(shared.schedule()) == 1
+
+
 def test_kv_refills_in_data_order_on_the_engine_that_freed():
     s = make([1000, 1000])
     for k in range(6):
