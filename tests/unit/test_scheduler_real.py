@@ -11,6 +11,7 @@ from benchmarks.scheduler_replay import (
     build_json,
     hit_rate,
     load_workload,
+    prefilled_tokens,
     prefix_counts,
     run_summary,
 )
@@ -88,11 +89,12 @@ def test_run_summary_hit_rate_and_prefix_counts():
         capacity_tokens=[100, 100],
         kv_samples=[(0.0, [0, 0], [0, 0]), (0.5, [80, 60], [50, 70]), (1.0, [0, 0], [200, 0])],
     )
-    run = run_summary(stats, prefix_hit_rate=0.25)
+    run = run_summary(stats, prefix_hit_rate=0.25, prefilled=15.0)
     assert run == {
         "measured_s": 12.5,
         "preemptions": 3.0,
         "prefix_hit_rate": 0.25,
+        "prefilled_tokens": 15.0,
         "kv_samples": [[0.0, 0.0], [0.5, 0.6], [1.0, 1.0]],
     }
     engines = [
@@ -102,6 +104,7 @@ def test_run_summary_hit_rate_and_prefix_counts():
     assert prefix_counts(engines) == (10.0, 4.0)
     assert hit_rate((10.0, 4.0), (30.0, 9.0)) == 0.25
     assert hit_rate((10.0, 4.0), (10.0, 4.0)) is None
+    assert prefilled_tokens((10.0, 4.0), (30.0, 9.0)) == 15.0  # 20 looked up, 5 found
 
 
 def test_build_json_shape_and_default_is_fastest():
@@ -135,6 +138,7 @@ def test_build_json_shape_and_default_is_fastest():
         cost=cost,
         runs=runs,
         predicted={"static": 28.0, "kv-incremental": 21.0},
+        predicted_detail={"static": {"predicted_preemptions": 2.0}},
     )
     assert json.loads(json.dumps(data)) == data  # JSON-able as it is
     assert set(data) == {
@@ -156,6 +160,8 @@ def test_build_json_shape_and_default_is_fastest():
         "predicted_s": 28.0,
         "preemptions": 0.0,
         "prefix_hit_rate": None,
+        "prefilled_tokens": None,
+        "predicted_preemptions": 2.0,
         "kv_use_mean": 0.4,
         "kv_use_peak": 0.6,
         "kv_use": [[0.0, 0.2], [0.5, 0.6]],
