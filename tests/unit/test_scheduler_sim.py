@@ -486,3 +486,27 @@ def test_engines_on_one_core_share_it_and_a_lone_one_runs_at_full_speed():
     uneven = [SimTraj(100, [320], [], []), SimTraj(100, [64], [], [])]
     alone = run([(0,), (1,)], uneven).makespan_s
     assert run([(0,), (0,)], uneven).makespan_s == pytest.approx(alone + 64 * 0.01)
+
+
+def test_a_shared_prefix_is_held_once_but_read_by_every_request():
+    # two one-token trajectories whose 300-token prompts are one system prompt; KV of 400
+    cost = Cost(a_s=1.0, b_s=0.0, c_s=1e-3, p_s=0.0)
+    pair = [SimTraj(300, [1], [], []), SimTraj(300, [1], [], [])]
+
+    def run(prefix):
+        return simulate(
+            pair,
+            SchedulerConfig(policy="least-requests", kv_mode="full"),
+            num_engines=1,
+            capacity_tokens=400,
+            max_response=1,
+            cost=cost,
+            shared_prefix_tokens=prefix,
+        )
+
+    shared, whole = run(300), run(0)
+    # held once, both fit: one step, which reads both contexts (1 s + 600 tokens x 1 ms)
+    assert shared.makespan_s == pytest.approx(1.6) and shared.num_preemptions == 0
+    assert shared.num_prefill_tokens == 300  # the prefix is computed once
+    # held whole, one at a time: two steps of 1 s + 300 tokens
+    assert whole.makespan_s == pytest.approx(2.6) and whole.num_prefill_tokens == 600
