@@ -187,7 +187,7 @@ def test_build_json_shape_and_default_is_fastest():
 
 
 def test_the_cost_fit_recovers_the_costs_that_made_its_calls():
-    from benchmarks.scheduler_real import call_terms, solve_cost
+    from benchmarks.scheduler_fit import call_terms, solve_cost
 
     truth = (0.03, 0.004, 2e-6, 0.0025)  # a, b, c, p
     plan = [(b, p, 48) for p in (32, 576) for b in (1, 4, 16)] + [(6, 576, 1)]
@@ -207,7 +207,7 @@ def test_the_cost_fit_recovers_the_costs_that_made_its_calls():
 
 
 def test_engines_timed_at_once_share_no_core_and_unbound_ones_share_one():
-    from benchmarks.scheduler_real import disjoint_engines, sim_cores
+    from benchmarks.scheduler_fit import disjoint_engines, sim_cores
 
     assert disjoint_engines([(0,), (1,), (0,), (1,)]) == [0, 1]  # 4 engines on 2 cores
     assert disjoint_engines([(0, 1), (2, 3)]) == [0, 1]

@@ -1,0 +1,250 @@
+"""Part (a)'s calibration: the simulator's cost model fitted to timed calls on real engines.
+
+`fit_cost` times generate calls on the engines that own their cores, at once (the host busy as
+in a rollout), over a plan of batches, prompt lengths and prefills, each call's median of 3;
+`solve_cost` fits `sim.workload.Cost` (step = a + b*batch + c*context read, prefill = p per
+token) to them by least squares on relative error, never a negative term. `resim` replays a
+finished run of benchmarks/scheduler_real.py in the simulator on its saved fit, cores and KV,
+after a change to the model (`--refit`: the cost fitted again on fresh engines first).
+
+What it does not do: run a policy on the engines (scheduler_real.py). The fit and the engines'
+choice are tested in tests/unit/test_scheduler_real.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import random
+import statistics
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from benchmarks.scheduler_replay import (
+    Workload,
+    load_workload,
+    replay_in_sim,
+    sim_detail,
+    write_json,
+)
+from benchmarks.scheduler_report import print_table
+from benchmarks.sim.workload import Cost
+
+
+@dataclass
+class Fit:
+    """The cost model fitted to timed calls, and how well it fits them."""
+
+    cost: Cost
+    points: list[tuple[int, int, int, float]]  # (batch, prompt tokens, new tokens, wall s)
+    max_rel_error: float  # of the fit on its own points
+    engines: list[int]  # the engines timed at once (no two share a core)
+    engine_cores: list[tuple[int, ...]]  # each engine's cores (`sim_cores`)
+
+
+def call_terms(batch: int, prompt: int, new: int) -> list[float]:
+    """What one generate call of `batch` prompts of `prompt` tokens, `new` tokens each, costs in
+    units of (a, b, c, p): `new` steps, `batch` x `new` sequence-steps, the context every step
+    reads (prompt plus the tokens made before it), and `batch` x `prompt` prefilled tokens."""
+    context = batch * (new * prompt + new * (new - 1) / 2)
+    return [float(new), float(batch * new), context, float(batch * prompt)]
+
+
+def solve_cost(points: list[tuple[int, int, int, float]]) -> tuple[Cost, float]:
+    """(a, b, c, p) >= 0 by least squares on relative error over `points` ((batch, prompt, new,
+    wall s) each); a term whose fit goes negative is dropped and the rest refitted. Returns the
+    cost and its largest relative error on the points."""
+    import numpy as np
+
+    rows = np.array([call_terms(b, p, n) for b, p, n, _ in points])
+    wall = np.array([w for *_, w in points])
+    weighted = rows / wall[:, None]  # relative error: each call's row scaled by 1 / its time
+    keep = [0, 1, 2, 3]
+    coef = np.zeros(4)
+    while keep:
+        fit, *_ = np.linalg.lstsq(weighted[:, keep], np.ones(len(points)), rcond=None)
+        if (fit >= 0).all():
+            coef[:] = 0.0
+            coef[keep] = fit
+            break
+        keep.pop(int(np.argmin(fit)))
+    error = float(np.max(np.abs(rows @ coef - wall) / wall))
+    return Cost(
+        a_s=float(coef[0]), b_s=float(coef[1]), c_s=float(coef[2]), p_s=float(coef[3])
+    ), error
+
+
+def disjoint_engines(cores: list[tuple[int, ...]]) -> list[int]:
+    """Engines, first first, of which no two share a core (engines with no cores named: the
+    first alone, since they share every core)."""
+    if not all(cores):
+        return [0]
+    taken: set[int] = set()
+    out = []
+    for i, c in enumerate(cores):
+        if not taken & set(c):
+            out.append(i)
+            taken |= set(c)
+    return out
+
+
+async def fit_cost(
+    engines: list[Any], vocab: int, max_model_len: int, kv_tokens: int, repeats: int = 3
+) -> Fit:
+    """Fit (a, b, c, p) of `sim.workload.Cost` (`solve_cost`) to timed generate calls, each run
+    at once on every engine of `disjoint_engines` (a step then pays what it pays in a rollout
+    where every core is busy): 48 tokens at batches 1-32 after 32-token prompts and after long
+    ones (up to 800 tokens, inside `max_model_len`), and long prefills, each batch cut to what
+    `kv_tokens` holds. Every call makes exactly its new tokens (`ignore_eos`). The plan runs
+    `repeats` times over and each point is its median call: on 2 busy cores one call can take
+    half as long again as the next."""
+    from rstar2cli.engines.base import SamplingSpec
+
+    rng = random.Random(0)
+    cores = [tuple(getattr(e, "cpu_cores", ())) for e in engines]
+    timed_engines = disjoint_engines(cores)
+    long_len = max(64, min(800, max_model_len - 64))
+    plan = []
+    for prompt in (32, long_len):
+        fits = max(1, kv_tokens // (prompt + 48))
+        plan += [(b, prompt, 48) for b in sorted({min(b, fits) for b in (1, 4, 16, 32)})]
+    plan.append((max(1, min(8, kv_tokens // (long_len + 1))), long_len, 1))
+
+    async def one(engine: Any, batch: int, prompt: int, new: int) -> float:
+        spec = SamplingSpec(max_tokens=new, temperature=1.0, ignore_eos=True)
+        prompts = [[rng.randrange(20, vocab) for _ in range(prompt)] for _ in range(batch)]
+        start = time.perf_counter()
+        await asyncio.gather(*(engine.generate(f"cal{rng.random()}", q, spec) for q in prompts))
+        return time.perf_counter() - start
+
+    walls: dict[tuple[int, int, int], list[float]] = {call: [] for call in plan}
+    for _ in range(repeats):
+        for call in plan:
+            each = await asyncio.gather(*(one(engines[i], *call) for i in timed_engines))
+            walls[call].append(sum(each) / len(each))
+    points = [(*call, statistics.median(walls[call])) for call in plan]
+    cost, error = solve_cost(points)
+    return Fit(
+        cost=cost,
+        points=points,
+        max_rel_error=error,
+        engines=timed_engines,
+        engine_cores=sim_cores(cores),
+    )
+
+
+def sim_cores(cores: list[tuple[int, ...]]) -> list[tuple[int, ...]]:
+    """The simulator's `engine_cores` for engines on `cores`: engines with none of their own
+    (vLLM's "auto" binding) all share one ((-1,))."""
+    return [c or (-1,) for c in cores]
+
+
+def print_fit(fit: Fit) -> None:
+    c = fit.cost
+    print(
+        f"cost model fitted on engines {fit.engines} at once: step = {c.a_s * 1e3:.2f} ms + "
+        f"{c.b_s * 1e3:.3f} ms x batch + {c.c_s * 1e9:.2f} ns x context tokens; prefill "
+        f"{c.p_s * 1e6:.1f} us/token; largest error on its {len(fit.points)} calls "
+        f"{fit.max_rel_error:.1%}; engine cores {fit.engine_cores}"
+    )
+    print(
+        "  (batch, prompt, new tokens, wall s): "
+        + ", ".join(f"({b}, {p}, {n}, {w:.2f})" for b, p, n, w in fit.points)
+    )
+
+
+def resim(args: argparse.Namespace) -> None:
+    """`--resim FILE`: the simulator on a finished run's workload, fit, cores and KV."""
+    import json
+
+    from transformers import AutoTokenizer
+
+    data = json.loads(Path(args.resim).read_text())
+    fit = data["fit"]
+    args.replay = data["workload"]["replay"]
+    args.policies = ",".join(data["policies"])
+    tok = AutoTokenizer.from_pretrained(data["model"])
+    work = load_workload(args, tokenizer=tok)
+    if args.refit:
+        refit = asyncio.run(_refit(data, work=work, vocab=len(tok)))
+        print_fit(refit)
+        data["cost"] = {k: getattr(refit.cost, k) for k in ("a_s", "b_s", "c_s", "p_s")}
+        fit |= {"points": refit.points, "max_rel_error": refit.max_rel_error}
+    sims = replay_in_sim(
+        work,
+        tok=tok,
+        cost=Cost(**data["cost"]),
+        capacity_tokens=fit["capacity_tokens"],
+        args=args,
+        engine_cores=[tuple(c) for c in fit["engine_cores"]],
+    )
+    sim = {name: r.makespan_s for name, r in sims.items()}
+    measured = {name: row["measured_s"] for name, row in data["policies"].items()}
+    print(f"{args.resim}: {data['engines']} engines, {data['model']}")
+    print_replay(measured, sim)
+    for name, row in data["policies"].items():
+        print(
+            f"  {name}: preemptions {row['preemptions']:.0f} real, "
+            f"{sims[name].num_preemptions} sim; prompt tokens computed "
+            f"{row.get('prefilled_tokens') or 0:.0f} real, {sims[name].num_prefill_tokens} sim"
+        )
+    if args.json:
+        for name, row in data["policies"].items():
+            row["predicted_s"] = sim[name]
+            row |= sim_detail(sims[name])
+        write_json(args.json, data)
+        print(f"wrote {args.json}")
+
+
+async def _refit(data: dict[str, Any], work: Workload, vocab: int) -> Fit:
+    """`fit_cost` on fresh engines like those of the finished run `data` describes."""
+    from rstar2cli.engines.build import make_engines
+
+    engines = make_engines(
+        data["model"],
+        data["engines"],
+        kind="vllm",
+        kv_cache_tokens=data["kv_cache_tokens"],
+        max_model_len=work.max_model_len,
+        seed=0,
+    )
+    try:
+        return await fit_cost(
+            engines,
+            vocab=vocab,
+            max_model_len=work.max_model_len,
+            kv_tokens=data["kv_cache_tokens"],
+        )
+    finally:
+        for e in engines:
+            await e.shutdown()
+
+
+def print_replay(base: dict[str, float], sim: dict[str, float]) -> None:
+    print(
+        "\nthe same workload in the simulator (the fitted cost, the engines' cores and real KV; "
+        "tools take their scripted sleep): does the simulator rank the policies as the engines did?"
+    )
+    header = ["policy", "real s", "sim s", "sim/real", "real static/x", "sim static/x"]
+    header += ["real least-req/x", "sim least-req/x"]
+    table = [
+        [
+            name,
+            f"{base[name]:.1f}",
+            f"{sim[name]:.1f}",
+            f"{sim[name] / base[name]:.2f}",
+            ratio(base, "static", base[name]),
+            ratio(sim, "static", sim[name]),
+            ratio(base, "least-requests", base[name]),
+            ratio(sim, "least-requests", sim[name]),
+        ]
+        for name in base
+    ]
+    print_table(header, table)
+
+
+def ratio(makespans: dict[str, float], base: str, makespan_s: float) -> str:
+    """How many times faster a run of `makespan_s` was than policy `base` ("-": it did not run)."""
+    return f"{makespans[base] / makespan_s:.2f}x" if base in makespans else "-"
