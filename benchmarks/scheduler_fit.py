@@ -38,27 +38,29 @@ class Fit:
     """The cost model fitted to timed calls, and how well it fits them."""
 
     cost: Cost
-    points: list[tuple[int, int, int, float]]  # (batch, prompt tokens, new tokens, wall s)
+    # (batch, prompt tokens, new tokens, cached prompt tokens, wall s)
+    points: list[tuple[int, int, int, int, float]]
     max_rel_error: float  # of the fit on its own points
     engines: list[int]  # the engines timed at once (no two share a core)
     engine_cores: list[tuple[int, ...]]  # each engine's cores (`sim_cores`)
 
 
-def call_terms(batch: int, prompt: int, new: int) -> list[float]:
-    """What one generate call of `batch` prompts of `prompt` tokens, `new` tokens each, costs in
-    units of (a, b, c, p): `new` steps, `batch` x `new` sequence-steps, the context every step
-    reads (prompt plus the tokens made before it), and `batch` x `prompt` prefilled tokens."""
+def call_terms(batch: int, prompt: int, new: int, cached: int = 0) -> list[float]:
+    """What one generate call of `batch` prompts of `prompt` tokens, the first `cached` of them
+    a prefix already in the engine's cache, `new` tokens each, costs in units of (a, b, c, p):
+    `new` steps, `batch` x `new` sequence-steps, the context every step reads (the whole prompt
+    plus the tokens made before it), and the prompt tokens computed."""
     context = batch * (new * prompt + new * (new - 1) / 2)
-    return [float(new), float(batch * new), context, float(batch * prompt)]
+    return [float(new), float(batch * new), context, float(batch * (prompt - cached))]
 
 
-def solve_cost(points: list[tuple[int, int, int, float]]) -> tuple[Cost, float]:
+def solve_cost(points: list[tuple[int, int, int, int, float]]) -> tuple[Cost, float]:
     """(a, b, c, p) >= 0 by least squares on relative error over `points` ((batch, prompt, new,
-    wall s) each); a term whose fit goes negative is dropped and the rest refitted. Returns the
-    cost and its largest relative error on the points."""
+    cached, wall s) each: `call_terms`); a term whose fit goes negative is dropped and the rest
+    refitted. Returns the cost and its largest relative error on the points."""
     import numpy as np
 
-    rows = np.array([call_terms(b, p, n) for b, p, n, _ in points])
+    rows = np.array([call_terms(b, p, n, c) for b, p, n, c, _ in points])
     wall = np.array([w for *_, w in points])
     weighted = rows / wall[:, None]  # relative error: each call's row scaled by 1 / its time
     keep = [0, 1, 2, 3]
@@ -96,10 +98,12 @@ async def fit_cost(
     """Fit (a, b, c, p) of `sim.workload.Cost` (`solve_cost`) to timed generate calls, each run
     at once on every engine of `disjoint_engines` (a step then pays what it pays in a rollout
     where every core is busy): 48 tokens at batches 1-32 after 32-token prompts and after long
-    ones (up to 800 tokens, inside `max_model_len`), and long prefills, each batch cut to what
-    `kv_tokens` holds. Every call makes exactly its new tokens (`ignore_eos`). The plan runs
-    `repeats` times over and each point is its median call: on 2 busy cores one call can take
-    half as long again as the next."""
+    ones (up to 800 tokens, inside `max_model_len`), long prefills, and batches of long prompts
+    that share all but their last 32 tokens, already cached (what a rollout's system prompt
+    makes: many contexts read, little KV held), each batch cut to what `kv_tokens` holds. Every
+    call makes exactly its new tokens (`ignore_eos`). The plan runs `repeats` times over and
+    each point is its median call: on 2 busy cores one call can take half as long again as the
+    next."""
     from rstar2cli.engines.base import SamplingSpec
 
     rng = random.Random(0)
@@ -109,17 +113,25 @@ async def fit_cost(
     plan = []
     for prompt in (32, long_len):
         fits = max(1, kv_tokens // (prompt + 48))
-        plan += [(b, prompt, 48) for b in sorted({min(b, fits) for b in (1, 4, 16, 32)})]
-    plan.append((max(1, min(8, kv_tokens // (long_len + 1))), long_len, 1))
+        plan += [(b, prompt, 48, 0) for b in sorted({min(b, fits) for b in (1, 4, 16, 32)})]
+    plan.append((max(1, min(8, kv_tokens // (long_len + 1))), long_len, 1, 0))
+    cached = long_len - 32
+    fits = max(1, (kv_tokens - cached) // (32 + 48 + 16))  # 16: a private partial block each
+    plan += [(b, long_len, 48, cached) for b in sorted({min(b, fits) for b in (8, 32)})]
 
-    async def one(engine: Any, batch: int, prompt: int, new: int) -> float:
+    async def one(engine: Any, batch: int, prompt: int, new: int, cached: int) -> float:
         spec = SamplingSpec(max_tokens=new, temperature=1.0, ignore_eos=True)
-        prompts = [[rng.randrange(20, vocab) for _ in range(prompt)] for _ in range(batch)]
+        head = [rng.randrange(20, vocab) for _ in range(cached)]
+        if cached:  # the shared prefix into the cache, untimed
+            await engine.generate(f"pre{rng.random()}", head, SamplingSpec(max_tokens=1))
+        tails = [[rng.randrange(20, vocab) for _ in range(prompt - cached)] for _ in range(batch)]
         start = time.perf_counter()
-        await asyncio.gather(*(engine.generate(f"cal{rng.random()}", q, spec) for q in prompts))
+        await asyncio.gather(
+            *(engine.generate(f"cal{rng.random()}", head + t, spec) for t in tails)
+        )
         return time.perf_counter() - start
 
-    walls: dict[tuple[int, int, int], list[float]] = {call: [] for call in plan}
+    walls: dict[tuple[int, int, int, int], list[float]] = {call: [] for call in plan}
     for _ in range(repeats):
         for call in plan:
             each = await asyncio.gather(*(one(engines[i], *call) for i in timed_engines))
@@ -150,8 +162,8 @@ def print_fit(fit: Fit) -> None:
         f"{fit.max_rel_error:.1%}; engine cores {fit.engine_cores}"
     )
     print(
-        "  (batch, prompt, new tokens, wall s): "
-        + ", ".join(f"({b}, {p}, {n}, {w:.2f})" for b, p, n, w in fit.points)
+        "  (batch, prompt, new tokens, cached, wall s): "
+        + ", ".join(f"({b}, {p}, {n}, {c}, {w:.2f})" for b, p, n, c, w in fit.points)
     )
 
 

@@ -96,6 +96,12 @@ def add_args(ap: argparse.ArgumentParser) -> None:
         "with --json write the file again with the new predictions",
     )
     ap.add_argument(
+        "--fit-repeats",
+        type=int,
+        default=3,
+        help="(a): times the calibration plan runs; each point is its median call",
+    )
+    ap.add_argument(
         "--refit",
         action="store_true",
         help="(a) with --resim: first fit the cost again on fresh engines like the run's (the "
@@ -208,6 +214,7 @@ async def run_real(
             vocab=len(tok),
             max_model_len=work.max_model_len,
             kv_tokens=args.kv_cache_tokens,
+            repeats=args.fit_repeats,
         )
         print_fit(fit)
         # the scripted tools only sleep: enough slots that a call waits for its own latency,

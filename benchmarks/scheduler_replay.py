@@ -142,6 +142,7 @@ def replay_in_sim(
             # whole KV blocks, as vLLM's prefix cache shares them and the driver's ledger counts
             shared_prefix_tokens=common_prefix(prompts) // KV_BLOCK_TOKENS * KV_BLOCK_TOKENS,
             share_group_prompts=True,
+            block_tokens=KV_BLOCK_TOKENS,
         )
         out[name] = result
     return out

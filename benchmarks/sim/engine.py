@@ -70,21 +70,28 @@ class SimEngine:
     resident: set[Hashable] = field(default_factory=set)
     # (start s, duration s, batch, mean KV tokens held) per macro step
     steps: list[tuple[float, float, int, float]] = field(default_factory=list)
+    # KV is handed out in blocks of this many tokens: a request's own tokens take whole blocks
+    # (shared pieces are whole blocks already: `model._pieces`)
+    block_tokens: int = 1
+
+    def own_kv(self, req: Request) -> int:
+        """The KV `req`'s own tokens (its context less its shared pieces) take, in whole blocks."""
+        b = self.block_tokens
+        return -(-(req.ctx - req.shared) // b) * b
 
     def kv_used(self) -> int:
-        """KV held by the running batch: each request's own tokens, and each shared piece once."""
+        """KV held by the running batch: each request's own blocks, and each shared piece once."""
         total, pieces = 0, dict[Hashable, int]()
         for r in self.running:
-            total += r.ctx
-            if r.pieces:
-                total -= r.shared
-                pieces.update(r.pieces)
+            total += self.own_kv(r)
+            pieces.update(r.pieces)
         return total + sum(pieces.values())
 
     def kv_needed(self, req: Request) -> int:
         """KV the running batch would hold with `req` in it."""
         held = {p for r in self.running for p, _ in r.pieces}
-        return self.kv_used() + req.ctx - sum(n for p, n in req.pieces if p in held)
+        new_pieces = sum(n for p, n in req.pieces if p not in held)
+        return self.kv_used() + self.own_kv(req) + new_pieces
 
     def reusable(self, req: Request) -> int:
         """Context tokens `req` finds computed here: its shared pieces, and its own tokens

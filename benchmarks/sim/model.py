@@ -51,6 +51,7 @@ def simulate(
     engine_cores: Sequence[Sequence[int]] | None = None,
     shared_prefix_tokens: int = 0,
     share_group_prompts: bool = False,
+    block_tokens: int = 1,
 ) -> SimResult:
     """Play `workload` through the real `Scheduler` on `num_engines` simulated engines until
     every trajectory finished, or, with `stop_after_groups`, until that many prompt groups have
@@ -71,7 +72,9 @@ def simulate(
     `shared_prefix_tokens`: every prompt starts with that many tokens in common (a system
     prompt); `share_group_prompts`: a group's samples share their whole prompt. An engine
     computes and holds each shared piece once (`engine.Request.pieces`); by default nothing is
-    shared, as at cluster scale, where prompts are a sliver of an 8K rollout."""
+    shared, as at cluster scale, where prompts are a sliver of an 8K rollout. `block_tokens`:
+    the engines' KV block (vLLM shares whole blocks only, and a request's own tokens take whole
+    blocks); 1 by default."""
     run = _Run(
         workload,
         config,
@@ -83,7 +86,11 @@ def simulate(
         oracle=oracle,
         shared_prefix_tokens=shared_prefix_tokens,
     )
-    run.pieces = [_pieces(t, shared_prefix_tokens, share_group_prompts) for t in run.trajs]
+    run.pieces = [
+        _pieces(t, shared_prefix_tokens, share_group_prompts, block_tokens) for t in run.trajs
+    ]
+    for eng in run.engines:
+        eng.block_tokens = block_tokens
     if engine_cores is not None and _overlap(engine_cores):
         run.share = CoreShare(engine_cores, push=lambda t, e, k: run.push(t, "step", e, k))
     if peak_oracle is not None:
@@ -375,13 +382,14 @@ class _Run:
         )
 
 
-def _pieces(t: SimTraj, prefix: int, group: bool) -> tuple[tuple[Hashable, int], ...]:
-    """Trajectory `t`'s shared prompt pieces: the common prefix, then the rest of its prompt
-    where a group's samples share it."""
-    prefix = min(prefix, t.prompt_tokens)
+def _pieces(t: SimTraj, prefix: int, group: bool, block: int) -> tuple[tuple[Hashable, int], ...]:
+    """Trajectory `t`'s shared prompt pieces, in whole blocks: the common prefix, then the rest
+    of its prompt where a group's samples share it (its last, partial block is its own)."""
+    prefix = min(prefix, t.prompt_tokens) // block * block
     out: list[tuple[Hashable, int]] = [("prefix", prefix)] if prefix else []
-    if group and t.group is not None and t.prompt_tokens > prefix:
-        out.append((("group", t.group), t.prompt_tokens - prefix))
+    rest = (t.prompt_tokens - prefix) // block * block
+    if group and t.group is not None and rest:
+        out.append((("group", t.group), rest))
     return tuple(out)
 
 

@@ -190,10 +190,11 @@ def test_the_cost_fit_recovers_the_costs_that_made_its_calls():
     from benchmarks.scheduler_fit import call_terms, solve_cost
 
     truth = (0.03, 0.004, 2e-6, 0.0025)  # a, b, c, p
-    plan = [(b, p, 48) for p in (32, 576) for b in (1, 4, 16)] + [(6, 576, 1)]
+    plan = [(b, p, 48, 0) for p in (32, 576) for b in (1, 4, 16)] + [(6, 576, 1, 0)]
+    plan += [(32, 576, 48, 544)]  # a cached shared prefix: read by every step, not computed
     points = [
-        (b, p, n, sum(t * x for t, x in zip(truth, call_terms(b, p, n), strict=True)))
-        for b, p, n in plan
+        (b, p, n, c, sum(t * x for t, x in zip(truth, call_terms(b, p, n, c), strict=True)))
+        for b, p, n, c in plan
     ]
     cost, error = solve_cost(points)
     assert error < 1e-9
@@ -201,7 +202,7 @@ def test_the_cost_fit_recovers_the_costs_that_made_its_calls():
     assert all(abs(g - t) <= 1e-6 * t for g, t in zip(got, truth, strict=True))
     # a term the calls cannot pay for (here: context reads costing nothing, the rest noisy) is
     # never fitted negative: it is dropped and the rest refitted
-    noisy = [(b, p, n, w * (1.05 if i % 2 else 0.95)) for i, (b, p, n, w) in enumerate(points)]
+    noisy = [(*call, w * (1.05 if i % 2 else 0.95)) for i, (*call, w) in enumerate(points)]
     cost, error = solve_cost(noisy)
     assert min(cost.a_s, cost.b_s, cost.c_s, cost.p_s) >= 0.0 and error < 0.2
 
