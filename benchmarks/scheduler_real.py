@@ -143,6 +143,7 @@ def run(args: argparse.Namespace) -> None:
                 "engines": fit.engines,
                 "engine_cores": fit.engine_cores,
                 "capacity_tokens": rows[0][1].capacity_tokens,
+                "block_tokens": fit.block_tokens,
             },
         )
         write_json(args.json, data)
@@ -235,6 +236,7 @@ async def run_real(
             capacity_tokens=capacity_tokens,
             args=args,
             engine_cores=fit.engine_cores,
+            block_tokens=fit.block_tokens,
         )
     finally:
         for e in engines:

