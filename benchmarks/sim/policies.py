@@ -68,7 +68,12 @@ def add_scheduler_args(ap: argparse.ArgumentParser) -> None:
     """The flags `sched_config` reads (part (b) sets `step_tokens` from `--sim-step-tokens`)."""
     ap.add_argument("--step-tokens", type=int, default=256, help="kv per_turn/incremental step (a)")
     ap.add_argument("--policies", default=None, help="comma list of labels to run (default: all)")
-    ap.add_argument("--migrate-after-s", type=float, default=30.0, help="kv incremental (a, b)")
+    ap.add_argument(
+        "--migrate-after-s",
+        type=float,
+        default=SchedulerConfig.migrate_after_s,
+        help="kv incremental (a, b)",
+    )
     ap.add_argument(
         "--drain-balance",
         type=lambda v: None if v == "none" else float(v),
