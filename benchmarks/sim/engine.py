@@ -124,8 +124,12 @@ class SimEngine:
         used = self.kv_used()
         while used + len(self.running) > self.capacity_tokens and len(self.running) > 1:
             victim = self.running.pop()  # recompute preemption: the newest request loses its KV
-            victim.prefill = victim.ctx - sum(n for p, n in victim.pieces if p in self.resident)
-            self.num_recomputed_tokens += victim.prefill
+            # NOTE: its full blocks stay in the prefix cache, free, until something evicts them
+            # (vLLM frees a preempted request's blocks as it frees a finished one's)
+            own = (victim.ctx - victim.shared) // self.block_tokens * self.block_tokens
+            self.cache_put(victim.key, own)
+            victim.prefill = -1  # what is still cached is decided when it is admitted again
+            self.num_recomputed_tokens += victim.ctx - victim.shared
             self.waiting.appendleft(victim)
             self.num_preemptions += 1
             used = self.kv_used()
