@@ -115,7 +115,7 @@ def replay_in_sim(
     vLLM's does. Tool calls take their scripted sleep; the sandbox's fork and queue are not
     modelled."""
     from rstar2cli import protocol as P
-    from rstar2cli.agent.loop import prompt_ids_for
+    from rstar2cli.agent.loop import common_prefix, prompt_ids_for
 
     def chunk_tokens(turn: int) -> int:
         text = P.render_tool_response(P.format_tool_output("ok", f"{turn * 7}\n", ""))
@@ -158,17 +158,6 @@ def sim_detail(result: SimResult) -> dict[str, float]:
         "predicted_prefilled_tokens": float(result.num_prefill_tokens),
         "predicted_mean_kv_use": result.mean_kv_use,
     }
-
-
-def common_prefix(prompts: list[list[int]]) -> int:
-    """How many leading tokens every prompt has in common (the chat template's system prompt)."""
-    if not prompts:
-        return 0
-    first, n = prompts[0], min(map(len, prompts))
-    for i in range(n):
-        if any(p[i] != first[i] for p in prompts):
-            return i
-    return n
 
 
 def prefix_counts(engines: list[Any]) -> tuple[float, float]:

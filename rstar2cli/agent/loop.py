@@ -345,14 +345,20 @@ def prompt_ids_for(question: str, tokenizer: Any, template: str = "paper") -> li
     return tokenizer.encode(P.render_prompt(question, template), add_special_tokens=False)
 
 
+def common_prefix(seqs: list[list[int]]) -> int:
+    """How many leading tokens every one of `seqs` has in common (0 for none)."""
+    if not seqs:
+        return 0
+    n = 0
+    while all(len(s) > n and s[n] == seqs[0][n] for s in seqs):
+        n += 1
+    return n
+
+
 def shared_prompt_prefix(tokenizer: Any, template: str = "paper") -> int:
     """Tokens every rendered prompt starts with (the template's system prompt and the user
     turn's opening), probed with questions that differ in their first character."""
-    probes = [prompt_ids_for(q, tokenizer, template) for q in ("0", "A", "?")]
-    n = 0
-    while all(len(p) > n and p[n] == probes[0][n] for p in probes):
-        n += 1
-    return n
+    return common_prefix([prompt_ids_for(q, tokenizer, template) for q in ("0", "A", "?")])
 
 
 def longest_prompt_tokens(questions: Iterable[str], tokenizer: Any, template: str = "paper") -> int:

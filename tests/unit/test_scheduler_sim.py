@@ -462,14 +462,18 @@ def test_sim_oracle_adds_the_hindsight_start_rows(tmp_path):
         assert run["batching_bound_s"] <= run["makespan_s"]
 
 
+def least_requests(trajs, **kw):
+    """`simulate` under least-requests (no KV admission: what fits, the engines run)."""
+    return simulate(trajs, SchedulerConfig(policy="least-requests", kv_mode="full"), **kw)
+
+
 def test_engines_on_one_core_share_it_and_a_lone_one_runs_at_full_speed():
     cost = Cost(a_s=0.01, b_s=0.0, c_s=0.0, p_s=0.0)
     twins = [SimTraj(100, [320], [], []), SimTraj(100, [320], [], [])]
 
     def run(cores, trajs):
-        return simulate(
+        return least_requests(
             trajs,
-            SchedulerConfig(policy="least-requests", kv_mode="full"),
             num_engines=2,
             capacity_tokens=1000,
             max_response=400,
@@ -494,9 +498,8 @@ def test_a_shared_prefix_is_held_once_but_read_by_every_request():
     pair = [SimTraj(300, [1], [], []), SimTraj(300, [1], [], [])]
 
     def run(prefix):
-        return simulate(
+        return least_requests(
             pair,
-            SchedulerConfig(policy="least-requests", kv_mode="full"),
             num_engines=1,
             capacity_tokens=400,
             max_response=1,
