@@ -31,10 +31,13 @@ The loss stays loss.py's token mean over all model tokens of the mini-batch: a m
 re-weight the tokens left). The KL and entropy terms are not weighted.
 
 Metrics (every step, whatever the setting; tokens without an engine log-prob are left out):
-    mismatch_kl   mean of rho_t - 1 - log rho_t: the k3 estimate of KL(mu || pi_old) from the
-                  engine's samples (>= 0; 0 when engine and trainer agree). In bypass mode it is
-                  taken on the first mini-batch only, from the training pass's log-probs, which
-                  there equal pi_old's (no trainer pass computes pi_old for the others).
+    mismatch_kl   mean of rho_t - 1 - log rho_t over the tokens sampled under the trainer's
+                  policy version: the k3 estimate of KL(mu || pi_old) from the engine's samples
+                  (>= 0; 0 when engine and trainer agree). In bypass mode it is taken on the
+                  first mini-batch only, from the training pass's log-probs, which there equal
+                  pi_old's (no trainer pass computes pi_old for the others).
+    stale_kl      the same over the stale tokens (partial rollout): the engine's mismatch plus
+                  the policy's lag, what mask_stale or the ratio correction has to absorb
     is_ratio_mean, is_ratio_max    of rho_t, before truncation
     truncated_token_share          tokens with rho_t > token_is_cap
     masked_token_share             tokens with m_t * M_i * s_t = 0
@@ -59,6 +62,7 @@ if TYPE_CHECKING:
 
 METRIC_KEYS = (
     "mismatch_kl",
+    "stale_kl",
     "is_ratio_mean",
     "is_ratio_max",
     "truncated_token_share",
@@ -73,7 +77,9 @@ class CorrectionSums:
 
     num_tokens: int = 0  # model tokens the weights were computed for
     num_compared: int = 0  # of those, with an engine log-prob, in the mismatch metrics
-    kl: float = 0.0
+    kl: float = 0.0  # over the compared tokens of the trainer's version
+    num_fresh_compared: int = 0
+    stale_kl: float = 0.0  # over the compared stale tokens
     ratio: float = 0.0
     ratio_max: float = 0.0
     num_truncated: int = 0
@@ -91,7 +97,8 @@ class CorrectionSums:
     def metrics(self) -> dict[str, float]:
         compared, tokens = max(self.num_compared, 1), max(self.num_tokens, 1)
         return {
-            "mismatch_kl": self.kl / compared,
+            "mismatch_kl": self.kl / max(self.num_fresh_compared, 1),
+            "stale_kl": self.stale_kl / max(self.num_compared - self.num_fresh_compared, 1),
             "is_ratio_mean": self.ratio / compared if self.num_compared else 1.0,
             "is_ratio_max": self.ratio_max if self.num_compared else 1.0,
             "truncated_token_share": self.num_truncated / tokens,
@@ -137,7 +144,7 @@ def token_weights(
         if cfg.token_is_cap is not None and not cfg.bypass:
             sums.num_truncated = int((rho > cfg.token_is_cap).sum())
         if compare and bool(known.any()):
-            _add_mismatch(sums, rho[known], log_rho[known])
+            _add_mismatch(sums, rho[known], log_rho[known], stale[known])
         return weights * keep, sums
 
 
@@ -167,11 +174,16 @@ def _sequence_keep(
     return keep
 
 
-def _add_mismatch(sums: CorrectionSums, rho: torch.Tensor, log_rho: torch.Tensor) -> None:
+def _add_mismatch(
+    sums: CorrectionSums, rho: torch.Tensor, log_rho: torch.Tensor, stale: torch.Tensor
+) -> None:
     # NOTE: float64 and expm1: rho - 1 - log rho for rho near 1 in float32 cancels to rounding
     # noise, negative as often as not (a float32 engine and trainer agree to ~1e-9)
     log_rho = log_rho.double()  # [M]
+    k3 = torch.expm1(log_rho) - log_rho  # [M], k3 of KL(mu || pi_old) per token
     sums.num_compared = int(rho.numel())
-    sums.kl = float((torch.expm1(log_rho) - log_rho).sum())  # k3 of KL(mu || pi_old)
+    sums.num_fresh_compared = int((~stale).sum())
+    sums.kl = float(k3[~stale].sum())
+    sums.stale_kl = float(k3[stale].sum())
     sums.ratio = float(rho.double().sum())
     sums.ratio_max = float(rho.max())

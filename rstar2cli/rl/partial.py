@@ -128,14 +128,23 @@ def end_step(
 ) -> tuple[list[GradedRecord], Carry]:
     """After a step's rollout (`rows`: its finished records, graded; `unfinished`: the driver's
     cut trajectories): (the rows of every whole instance, in instance then sample order, what
-    the step trains on; the `Carry` for the next step, its trajectories' tokens so far stale)."""
+    the step trains on; the `Carry` for the next step, its rows' tokens and its trajectories' tokens
+    so far stale)."""
     rows = carry.rows + rows
     whole = sorted((r for r in rows if instances.is_whole(str(r["group"]))), key=_instance_order)
-    rest = [r for r in rows if not instances.is_whole(str(r["group"]))]
+    # a finished sample of an instance not yet whole waits for the next step: all its tokens
+    # are then an older policy's, like a cut trajectory's tokens so far
+    rest = [_all_stale(r) for r in rows if not instances.is_whole(str(r["group"]))]
     cut = sorted(unfinished, key=lambda t: _instance_order(t.item))
     for traj in cut:
         traj.stale_tokens = len(traj.layout.response_ids)
     return whole, Carry(carry.cursor + num_fresh, rest, cut)
+
+
+def _all_stale(row: GradedRecord) -> GradedRecord:
+    row = row.copy()
+    row["stale_tokens"] = len(row["response_ids"])
+    return row
 
 
 def _instance_order(row: Mapping[str, Any]) -> tuple[int, int, int]:

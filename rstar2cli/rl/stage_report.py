@@ -44,6 +44,7 @@ SCALARS = (
     "stale_token_share",  # 0 without partial rollout
     "num_carried",
     "mismatch_kl",  # rstar2cli/rl/correction.py
+    "stale_kl",
     "is_ratio_mean",
     "is_ratio_max",
     "truncated_token_share",
@@ -59,7 +60,7 @@ PLOTS: tuple[tuple[tuple[str, ...], str], ...] = (
     (("response_tokens",), "response length (tokens)"),
     (("entropy",), "token entropy"),
     (("clip_frac",), "clip fraction"),
-    (("mismatch_kl",), "engine vs trainer: k3 KL(mu || pi_old)"),
+    (("mismatch_kl", "stale_kl"), "engine vs trainer: k3 KL(mu || pi_old), own / stale tokens"),
     (("is_ratio_mean", "is_ratio_max"), "importance ratio pi_old / mu"),
     (
         (

@@ -315,10 +315,15 @@ def test_partial_rollout_trains_whole_groups_and_a_resume_goes_on_with_what_it_c
         assert t["stale_tokens"] == len(t["response_ids"]) == len(t["loss_mask"])
         assert len(t["rollout_logprobs"]) == len(t["response_ids"])
         assert all(v <= 1 for v in t["turn_versions"])  # made by steps 1-2: versions 0 and 1
+    for r in after2["rows"]:  # finished, waiting for their instance: all an older policy's
+        assert r["stale_tokens"] == len(r["response_ids"]) > 0
     for row in rows:
         if row.get("num_train_tokens"):  # bypass: the mismatch from the training pass
             assert 0.0 <= row["mismatch_kl"] < 1e-4 and row["truncated_token_share"] == 0.0
             assert (row["masked_token_share"] > 0) <= (row["stale_token_share"] > 0)
+            assert row["stale_kl"] >= 0.0
+    if rows[0].get("num_train_tokens") and rows[1].get("masked_token_share"):
+        assert rows[1]["stale_kl"] > 1e-4  # step 2's stale tokens came before step 1's update
     assert sum(r["num_carried"] for r in rows) > 0, "no step cut a trajectory"
 
     shutil.rmtree(out / "checkpoints" / "step3")

@@ -83,6 +83,18 @@ def test_stale_tokens_are_masked_only_when_asked():
     assert torch.equal(w, torch.ones(4)) and sums.metrics()["mismatch_kl"] == 0.0
 
 
+def test_stale_tokens_are_measured_apart_from_the_engines_own_mismatch():
+    # k3 of the 4-token example per token: [0.026856, 0.193147, 0.901388, 0]; tokens 0 and 2
+    # stale: stale_kl = (0.026856 + 0.901388) / 2, mismatch_kl = (0.193147 + 0) / 2
+    stale = torch.tensor([True, False, True, False])
+    _, sums = _weights(CorrectionConfig(token_is_cap=None), stale=stale)
+    m = sums.metrics()
+    assert m["stale_kl"] == pytest.approx(0.464122, abs=1e-5)
+    assert m["mismatch_kl"] == pytest.approx(0.096574, abs=1e-5)
+    assert m["is_ratio_mean"] == pytest.approx(1.4375, abs=1e-6)  # the ratios read every token
+    assert _weights(CorrectionConfig(token_is_cap=None))[1].metrics()["stale_kl"] == 0.0
+
+
 def test_tokens_without_an_engine_logprob_get_no_correction_and_no_metrics():
     # token 2 (rho 3.0) has no engine log-prob: weight 1 even under the token mask, and the
     # metrics read the other three: rho [1.25, 0.5, 1.0], mean 2.75 / 3, max 1.25

@@ -131,7 +131,10 @@ def test_a_cut_run_carried_through_json_ends_as_an_uninterrupted_run(tok, tmp_pa
     assert [(r["group"], r["sample"]) for r in whole1] == sorted(
         (r["group"], r["sample"]) for r in whole1
     )
+    for r in carry.rows:  # finished, but their instance was not: every token an older policy's
+        assert r["stale_tokens"] == len(r["response_ids"])
     stale = sum(t.stale_tokens for t in carry.trajectories)
+    stale += sum(r["stale_tokens"] for r in carry.rows)
     assert stale_token_share(whole1) == pytest.approx(
         stale / sum(len(r["response_ids"]) for r in whole1)
     )
