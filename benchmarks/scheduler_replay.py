@@ -161,10 +161,15 @@ def sim_detail(result: SimResult) -> dict[str, float]:
 
 
 def prefix_counts(engines: list[Any]) -> tuple[float, float]:
-    """Prefix-cache (queries, hits) in tokens, summed over `engines`' metrics (totals so far)."""
+    """Prefix-cache (queries, hits) in tokens, summed over `engines`' metrics (totals so far),
+    preempted requests' lookups when admitted again included (their recompute)."""
     metrics = [e.metrics() for e in engines]
-    queries = sum(float(m.get("num_prefix_queries", 0.0)) for m in metrics)
-    return queries, sum(float(m.get("num_prefix_hits", 0.0)) for m in metrics)
+
+    def total(kind: str) -> float:
+        keys = (f"num_prefix_{kind}", f"num_preempted_prefix_{kind}")
+        return sum(float(m.get(k, 0.0)) for m in metrics for k in keys)
+
+    return total("queries"), total("hits")
 
 
 def hit_rate(before: tuple[float, float], after: tuple[float, float]) -> float | None:

@@ -4,9 +4,10 @@ Continuous batching (requests join and leave between steps), a KV capacity in to
 preemption when the running batch outgrows it (the newest request loses its KV and is
 re-prefilled later, prompt + everything generated so far; the prefill stalls the whole batch for
 that step), a prefix cache (a trajectory's next turn on the same engine prefills only its new
-tokens), and a `max_num_seqs` cap. The prefix cache is bounded as in vLLM: a finished request's
-blocks stay cached only while they are free and unclaimed, so the cache lives in the KV the
-running batch does not use, and the least recently used entries are evicted as the batch grows
+tokens and the last, partial block of its context: vLLM caches full blocks only), and a
+`max_num_seqs` cap. The prefix cache is bounded as in vLLM: a finished request's blocks stay
+cached only while they are free and unclaimed, so the cache lives in the KV the running batch
+does not use, and the least recently used blocks are evicted as the batch grows
 (an engine packed full of running requests loses the cached prefixes of the trajectories waiting
 for tools; a ledger reservation does not pin them either). A step costs what `workload.Cost`
 says. Time advances in macro steps: the batch is constant until the first request in it
@@ -112,11 +113,20 @@ class SimEngine:
         return num
 
     def evict(self, room_tokens: int) -> None:
-        """Drop least recently used cached contexts until they fit in `room_tokens` of free KV."""
+        """Evict cached blocks until the cache fits in `room_tokens` of free KV: the least
+        recently cached context first, block by block from its tail, as vLLM frees a request's
+        blocks tail first into its LRU queue (what is left of a context is still a prefix hit)."""
+        b = self.block_tokens
         while self.cached and self.num_cached_tokens > max(room_tokens, 0):
-            _, num = self.cached.popitem(last=False)
-            self.num_cached_tokens -= num
-            self.num_evicted_tokens += num
+            key, num = next(iter(self.cached.items()))
+            excess = -(-(self.num_cached_tokens - max(room_tokens, 0)) // b) * b
+            drop = min(num, excess)
+            if drop == num:
+                del self.cached[key]
+            else:
+                self.cached[key] = num - drop  # an existing key keeps its place, first in line
+            self.num_cached_tokens -= drop
+            self.num_evicted_tokens += drop
 
     def start_step(self, cost: Cost, now_s: float) -> tuple[float, int]:
         """Start a macro step of the running batch at `now_s` (preempting the newest requests

@@ -66,6 +66,8 @@ METRIC_KEYS = (
     "num_preemptions",
     "num_prefix_queries",
     "num_prefix_hits",
+    "num_preempted_prefix_queries",
+    "num_preempted_prefix_hits",
     "num_prompt_tokens",
     "num_generation_tokens",
 )

@@ -98,6 +98,8 @@ class HfEngine:
         self._counters = {
             "num_prefix_queries": 0,  # no prefix cache: kept so every engine reports the same keys
             "num_prefix_hits": 0,
+            "num_preempted_prefix_queries": 0,
+            "num_preempted_prefix_hits": 0,
             "num_preemptions": 0,
             "num_steps": 0,
             "peak_kv_used_tokens": 0,

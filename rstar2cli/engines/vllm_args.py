@@ -41,6 +41,9 @@ class VllmStats:
     num_preemptions: int = 0
     num_prefix_queries: int = 0  # prompt tokens looked up in the prefix cache
     num_prefix_hits: int = 0  # of those, tokens found
+    # the same for preempted requests admitted again (vLLM counts them apart): their recompute
+    num_preempted_prefix_queries: int = 0
+    num_preempted_prefix_hits: int = 0
     num_prompt_tokens: int = 0
     num_generation_tokens: int = 0
     # speculative decoding: draft tokens verified, accepted, and the draft positions verified
@@ -58,8 +61,11 @@ class VllmStats:
             self.peak_kv_cache_usage = max(self.peak_kv_cache_usage, self.kv_cache_usage)
             self.num_running_reqs = scheduler_stats.num_running_reqs
             self.num_waiting_reqs = scheduler_stats.num_waiting_reqs
-            self.num_prefix_queries += scheduler_stats.prefix_cache_stats.queries
-            self.num_prefix_hits += scheduler_stats.prefix_cache_stats.hits
+            prefix = scheduler_stats.prefix_cache_stats
+            self.num_prefix_queries += prefix.queries
+            self.num_prefix_hits += prefix.hits
+            self.num_preempted_prefix_queries += prefix.preempted_queries
+            self.num_preempted_prefix_hits += prefix.preempted_hits
         if iteration_stats is not None:
             self.num_preemptions += iteration_stats.num_preempted_reqs
             self.num_prompt_tokens += iteration_stats.num_prompt_tokens

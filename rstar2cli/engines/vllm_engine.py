@@ -181,6 +181,8 @@ class VllmEngine:
             "num_preemptions": float(s.num_preemptions),
             "num_prefix_queries": float(s.num_prefix_queries),
             "num_prefix_hits": float(s.num_prefix_hits),
+            "num_preempted_prefix_queries": float(s.num_preempted_prefix_queries),
+            "num_preempted_prefix_hits": float(s.num_preempted_prefix_hits),
             "num_prompt_tokens": float(s.num_prompt_tokens),
             "num_generation_tokens": float(s.num_generation_tokens),
             "num_draft_tokens": float(s.num_draft_tokens),

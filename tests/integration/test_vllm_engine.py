@@ -156,6 +156,8 @@ def test_stats_show_use_preemptions_and_prefix_hits(engines, loop, prompts):
     assert all(len(o.token_ids) == 700 and o.finish_reason == "length" for o in outs)
     assert 0 < max(seen) <= engine.kv_capacity_tokens()
     assert after["num_preemptions"] > before["num_preemptions"]
+    # a preempted request admitted again looks its context up once more (vLLM counts it apart)
+    assert after["num_preempted_prefix_queries"] > before["num_preempted_prefix_queries"]
     assert 0 < after["peak_kv_used_tokens"] <= engine.kv_capacity_tokens()
     # the four prompts share their first 300 tokens: later ones hit the prefix cache
     assert after["num_prefix_hits"] > before["num_prefix_hits"]

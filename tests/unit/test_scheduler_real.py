@@ -100,8 +100,11 @@ def test_run_summary_hit_rate_and_prefix_counts():
     engines = [
         SimpleNamespace(metrics=lambda: {"num_prefix_queries": 10.0, "num_prefix_hits": 4.0}),
         SimpleNamespace(metrics=lambda: {}),  # an engine without prefix counters counts 0
+        SimpleNamespace(  # re-admitted preempted requests recompute too: counted
+            metrics=lambda: {"num_preempted_prefix_queries": 6.0, "num_preempted_prefix_hits": 1.0}
+        ),
     ]
-    assert prefix_counts(engines) == (10.0, 4.0)
+    assert prefix_counts(engines) == (16.0, 5.0)
     assert hit_rate((10.0, 4.0), (30.0, 9.0)) == 0.25
     assert hit_rate((10.0, 4.0), (10.0, 4.0)) is None
     assert prefilled_tokens((10.0, 4.0), (30.0, 9.0)) == 15.0  # 20 looked up, 5 found

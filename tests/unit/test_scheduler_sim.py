@@ -513,3 +513,29 @@ def test_a_shared_prefix_is_held_once_but_read_by_every_request():
     assert shared.num_prefill_tokens == 300  # the prefix is computed once
     # held whole, one at a time: two steps of 1 s + 300 tokens
     assert whole.makespan_s == pytest.approx(2.6) and whole.num_prefill_tokens == 600
+
+
+def test_a_next_turn_finds_only_the_full_blocks_of_its_last_context_cached():
+    # prompt 100, a 20-token turn (context 120), a 5-token tool answer, a 10-token turn; blocks
+    # of 16: 112 of the 120 were whole blocks and cached, so the second turn prefills 8 + 5
+    trajs = [SimTraj(100, [20, 10], [5], [1.0])]
+
+    def prefilled(block):
+        kw = {"num_engines": 1, "capacity_tokens": 1024, "max_response": 64, "cost": COST}
+        return least_requests(trajs, block_tokens=block, **kw).num_prefill_tokens
+
+    assert prefilled(16) == 100 + 8 + 5
+    assert prefilled(1) == 100 + 5
+
+
+def test_eviction_takes_the_oldest_contexts_tail_blocks_first():
+    from benchmarks.sim.engine import SimEngine
+
+    eng = SimEngine(index=0, capacity_tokens=1024, max_num_seqs=8, block_tokens=128)
+    eng.cache_put(1, 384)  # the older: three blocks
+    eng.cache_put(2, 256)
+    eng.evict(room_tokens=500)  # 140 tokens too many: two of the older's blocks go
+    assert dict(eng.cached) == {1: 128, 2: 256} and eng.num_evicted_tokens == 256
+    assert eng.num_cached_tokens == 384
+    eng.evict(room_tokens=200)  # the rest of the older, then one block of the newer
+    assert dict(eng.cached) == {2: 128} and eng.num_cached_tokens == 128
