@@ -20,7 +20,7 @@ $(STAMP): pyproject.toml
 
 # the suite's real-model test runs on SmolLM2 (tests/integration/test_smollm2.py)
 test: install smollm2
-	$(BIN)/python -m pytest -q -ra $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -ra --durations=25 $(PYTEST_ARGS)
 
 test-unit: install
 	$(BIN)/python -m pytest -q -m "unit or cli" $(PYTEST_ARGS)
