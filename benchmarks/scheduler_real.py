@@ -43,7 +43,15 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from benchmarks.scheduler_fit import Fit, fit_cost, print_fit, print_replay, ratio, resim
+from benchmarks.scheduler_fit import (
+    Fit,
+    cost_json,
+    fit_cost,
+    print_fit,
+    print_replay,
+    ratio,
+    resim,
+)
 from benchmarks.scheduler_replay import (
     Workload,
     build_json,
@@ -133,7 +141,7 @@ def run(args: argparse.Namespace) -> None:
             model=args.model or "tiny",
             workload=work.settings,
             kv_cache_tokens=args.kv_cache_tokens,
-            cost={k: getattr(fitted, k) for k in ("a_s", "b_s", "c_s", "p_s")},
+            cost=cost_json(fitted),
             runs=runs,
             predicted=sim,
             predicted_detail={name: sim_detail(r) for name, r in sims.items()},

@@ -46,6 +46,9 @@ class Cost:
     acceptance: float = 0.0
     max_draft: int = 0
     spec_max_batch: int = SPECULATIVE_MAX_BATCH
+    # roofline: a step's weight reads (a) and its per-sequence arithmetic (b) overlap, so it
+    # costs the larger of the two, not their sum (a CPU engine's measured steps: `scheduler_fit`)
+    roofline: bool = False
 
     def __post_init__(self) -> None:
         if not 0 <= self.acceptance < 1:
@@ -59,7 +62,9 @@ class Cost:
     def step_s(self, batch: int, ctx_tokens: float, draft: int = 0) -> float:
         """One step of `batch` requests holding `ctx_tokens` of context, each verifying `draft`
         draft tokens besides its own next one (the weights and the context are read once)."""
-        return self.a_s + self.b_s * batch * (draft + 1) + self.c_s * ctx_tokens
+        per_seq = self.b_s * batch * (draft + 1)
+        weights = max(self.a_s, per_seq) if self.roofline else self.a_s + per_seq
+        return weights + self.c_s * ctx_tokens
 
     def tokens_per_step(self, draft: int) -> float:
         """Expected tokens a request gains in a step that verifies `draft` draft tokens: the

@@ -6,6 +6,8 @@ import argparse
 import json
 from types import SimpleNamespace
 
+import pytest
+
 from benchmarks.scheduler_replay import (
     MAX_SERIES_POINTS,
     build_json,
@@ -199,15 +201,37 @@ def test_the_cost_fit_recovers_the_costs_that_made_its_calls():
         (b, p, n, c, sum(t * x for t, x in zip(truth, call_terms(b, p, n, c), strict=True)))
         for b, p, n, c in plan
     ]
-    cost, error = solve_cost(points)
-    assert error < 1e-9
+    cost, error = solve_cost(points, roofline=False)
+    assert error < 1e-9 and not cost.roofline
     got = (cost.a_s, cost.b_s, cost.c_s, cost.p_s)
     assert all(abs(g - t) <= 1e-6 * t for g, t in zip(got, truth, strict=True))
     # a term the calls cannot pay for (here: context reads costing nothing, the rest noisy) is
     # never fitted negative: it is dropped and the rest refitted
     noisy = [(*call, w * (1.05 if i % 2 else 0.95)) for i, (*call, w) in enumerate(points)]
-    cost, error = solve_cost(noisy)
+    cost, error = solve_cost(noisy, roofline=False)
     assert min(cost.a_s, cost.b_s, cost.c_s, cost.p_s) >= 0.0 and error < 0.2
+
+
+def test_the_roofline_fit_finds_the_batch_where_arithmetic_overtakes_the_weight_reads():
+    from benchmarks.scheduler_fit import call_terms, solve_cost
+    from benchmarks.sim.workload import Cost
+
+    # steps of 60 ms up to batch 10, then 6 ms a sequence: batch 1 and 4 cost alike, as measured
+    truth = Cost(a_s=0.06, b_s=0.006, c_s=1e-5, p_s=0.0025, roofline=True)
+    plan = [(b, p, 48, 0) for p in (32, 768) for b in (1, 4, 16, 32)] + [(5, 768, 1, 0)]
+    plan += [(8, 768, 48, 736), (32, 768, 48, 736)]
+
+    def wall(b, p, n, c):
+        _, _, context, prefill = call_terms(b, p, n, c)
+        return n * truth.step_s(b, 0) + truth.c_s * context + truth.p_s * prefill
+
+    cost, error = solve_cost([(*call, wall(*call)) for call in plan])
+    assert cost.roofline and error < 1e-9
+    got = (cost.a_s, cost.b_s, cost.c_s, cost.p_s)
+    want = (truth.a_s, truth.b_s, truth.c_s, truth.p_s)
+    assert all(abs(g - t) <= 1e-6 * t for g, t in zip(got, want, strict=True))
+    assert cost.step_s(1, 0) == cost.step_s(4, 0) == pytest.approx(0.06)
+    assert cost.step_s(32, 0) == pytest.approx(32 * 0.006)
 
 
 def test_engines_timed_at_once_share_no_core_and_unbound_ones_share_one():
