@@ -103,9 +103,12 @@ class SimEngine:
         return min(req.ctx, pieces + own)
 
     def cache_put(self, key: int, num_tokens: int) -> None:
+        """Cache `num_tokens` of `key`'s own context (they follow its whole shared blocks): the
+        full blocks of them only, as vLLM hashes and keeps no partial block."""
         self.cache_take(key)
-        self.cached[key] = num_tokens
-        self.num_cached_tokens += num_tokens
+        full = num_tokens // self.block_tokens * self.block_tokens
+        self.cached[key] = full
+        self.num_cached_tokens += full
 
     def cache_take(self, key: int) -> int:
         num = self.cached.pop(key, 0)
@@ -136,8 +139,7 @@ class SimEngine:
             victim = self.running.pop()  # recompute preemption: the newest request loses its KV
             # NOTE: its full blocks stay in the prefix cache, free, until something evicts them
             # (vLLM frees a preempted request's blocks as it frees a finished one's)
-            own = (victim.ctx - victim.shared) // self.block_tokens * self.block_tokens
-            self.cache_put(victim.key, own)
+            self.cache_put(victim.key, victim.ctx - victim.shared)
             victim.prefill = -1  # what is still cached is decided when it is admitted again
             self.num_recomputed_tokens += victim.ctx - victim.shared
             self.waiting.appendleft(victim)

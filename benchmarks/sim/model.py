@@ -263,8 +263,7 @@ class _Run:
         t.turn_left -= made
         t.response_tokens += made
         t.decoded_tokens += made
-        own = self.ctx[key] - sum(n for _, n in self.pieces[key])  # after whole shared blocks
-        eng.cache_put(key, own // eng.block_tokens * eng.block_tokens)  # full blocks only
+        eng.cache_put(key, self.ctx[key] - sum(n for _, n in self.pieces[key]))
         self.last_engine[key], self.last_ctx[key] = eng.index, self.ctx[key]
         if t.response_tokens >= self.budget[key]:
             sched.on_generated(key, self.ctx[key], Status.DONE)

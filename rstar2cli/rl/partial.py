@@ -128,8 +128,8 @@ def end_step(
 ) -> tuple[list[GradedRecord], Carry]:
     """After a step's rollout (`rows`: its finished records, graded; `unfinished`: the driver's
     cut trajectories): (the rows of every whole instance, in instance then sample order, what
-    the step trains on; the `Carry` for the next step, its rows' tokens and its trajectories' tokens
-    so far stale)."""
+    the step trains on; the `Carry` for the next step, its rows' tokens and its trajectories'
+    tokens so far stale)."""
     rows = carry.rows + rows
     whole = sorted((r for r in rows if instances.is_whole(str(r["group"]))), key=_instance_order)
     # a finished sample of an instance not yet whole waits for the next step: all its tokens
