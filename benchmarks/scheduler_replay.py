@@ -106,6 +106,7 @@ def replay_in_sim(
     args: argparse.Namespace,
     engine_cores: list[tuple[int, ...]] | None = None,
     block_tokens: int = VLLM_CPU_BLOCK_TOKENS,
+    interference: float = 0.0,
 ) -> dict[str, SimResult]:
     """(a)'s scripted workload, with its real prompt and tool-chunk token counts, in the
     simulator on the fitted cost, the engines' real KV and cores: the simulated makespan of
@@ -113,7 +114,8 @@ def replay_in_sim(
     rests on rank the policies as the real engines do?). The engines' prefix cache shares the
     prompts' common prefix (the system prompt) and each group's prompt among its samples, as
     vLLM's does. Tool calls take their scripted sleep; the sandbox's fork and queue are not
-    modelled."""
+    modelled. `cost` is an engine's alone on the host; `interference`: how much engines on
+    other cores slow its decode (`sim.sharing.CoreShare`)."""
     from rstar2cli import protocol as P
     from rstar2cli.agent.loop import common_prefix, prompt_ids_for
 
@@ -146,6 +148,7 @@ def replay_in_sim(
             shared_prefix_tokens=common_prefix(prompts) // block_tokens * block_tokens,
             share_group_prompts=True,
             block_tokens=block_tokens,
+            interference=interference,
         )
         out[name] = result
     return out

@@ -62,6 +62,7 @@ class SimEngine:
     num_recomputed_tokens: int = 0  # re-prefilled after a preemption
     num_prefill_tokens: int = 0
     stepping: bool = False
+    last_prefill_s: float = 0.0  # the prefill part of the step under way
     num_preemptions: int = 0
     busy_s: float = 0.0
     kv_token_s: float = 0.0  # integral of KV in use over time
@@ -154,7 +155,8 @@ class SimEngine:
         # NOTE: each request's attention reads its whole context, shared pieces included: the
         # step costs what the contexts hold, the KV what their distinct blocks hold
         read = sum(r.ctx for r in self.running)
-        dt = cost.p_s * prefill + cost.decode_s(batch, read, k)
+        self.last_prefill_s = cost.p_s * prefill
+        dt = self.last_prefill_s + cost.decode_s(batch, read, k)
         for r in self.running:
             r.prefill = 0
         self.stepping = True

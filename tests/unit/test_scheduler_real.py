@@ -242,3 +242,22 @@ def test_engines_timed_at_once_share_no_core_and_unbound_ones_share_one():
     assert disjoint_engines([(), ()]) == [0]  # vLLM's own binding: they share every core
     assert sim_cores([(), ()]) == [(-1,), (-1,)]
     assert sim_cores([(0,), (1,)]) == [(0,), (1,)]
+
+
+def test_calibration_passes_span_the_policy_runs():
+    from benchmarks.scheduler_real import _calibration_slots
+
+    assert _calibration_slots(5, 3) == [0, 2, 5]  # before the first, between, after the last
+    assert _calibration_slots(10, 4) == [0, 3, 7, 10]
+    assert _calibration_slots(5, 1) == [0]
+    assert _calibration_slots(5, 0) == []
+
+
+def test_a_cost_timed_with_every_core_busy_is_cheaper_alone_but_its_prefill_is_not():
+    from benchmarks.scheduler_fit import alone_cost
+    from benchmarks.sim.workload import Cost
+
+    busy = Cost(a_s=0.06, b_s=0.006, c_s=1e-5, p_s=0.0025, roofline=True)
+    alone = alone_cost(busy, 0.2)
+    assert alone.roofline and alone.p_s == busy.p_s
+    assert alone.step_s(32, 1000) * 1.2 == pytest.approx(busy.step_s(32, 1000))

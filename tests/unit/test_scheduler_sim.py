@@ -492,6 +492,30 @@ def test_engines_on_one_core_share_it_and_a_lone_one_runs_at_full_speed():
     assert run([(0,), (0,)], uneven).makespan_s == pytest.approx(alone + 64 * 0.01)
 
 
+def test_engines_on_other_cores_slow_each_others_decode_but_not_prefill():
+    def run(trajs, cost):
+        return least_requests(
+            trajs,
+            num_engines=2,
+            capacity_tokens=1000,
+            max_response=400,
+            cost=cost,
+            engine_cores=[(0,), (1,)],
+            interference=0.1,
+        )
+
+    decode = Cost(a_s=0.01, b_s=0.0, c_s=0.0, p_s=0.0)
+    twins = [SimTraj(100, [320], [], []), SimTraj(100, [320], [], [])]
+    assert run(twins, decode).makespan_s == pytest.approx(320 * 0.01 * 1.1)
+    # the long one is slowed only while the short one steps beside it
+    uneven = [SimTraj(100, [320], [], []), SimTraj(100, [64], [], [])]
+    assert run(uneven, decode).makespan_s == pytest.approx(320 * 0.01 + 64 * 0.01 * 0.1)
+    # one step that is all prefill (1 s) and no decode: bound by arithmetic, not slowed
+    prefill = Cost(a_s=0.0, b_s=0.0, c_s=0.0, p_s=0.01)
+    one_token = [SimTraj(100, [1], [], []), SimTraj(100, [1], [], [])]
+    assert run(one_token, prefill).makespan_s == pytest.approx(1.0)
+
+
 def test_a_shared_prefix_is_held_once_but_read_by_every_request():
     # two one-token trajectories whose 300-token prompts are one system prompt; KV of 400
     cost = Cost(a_s=1.0, b_s=0.0, c_s=1e-3, p_s=0.0)
