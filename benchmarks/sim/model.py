@@ -53,6 +53,7 @@ def simulate(
     share_group_prompts: bool = False,
     block_tokens: int = 1,
     interference: float = 0.0,
+    held_back_tokens: int = 0,
 ) -> SimResult:
     """Play `workload` through the real `Scheduler` on `num_engines` simulated engines until
     every trajectory finished, or, with `stop_after_groups`, until that many prompt groups have
@@ -72,6 +73,8 @@ def simulate(
     engine owns its device, each step takes what `cost` says. `interference`: engines on other
     cores slow a step's decode by that fraction while they step too (shared memory bandwidth:
     `sharing.CoreShare`); `cost` is then an engine's cost alone on the host.
+    `held_back_tokens`: KV an engine keeps from what it reports (vLLM: one block, its null
+    block), so the scheduler counts `capacity_tokens` and the engines hold that much less.
     `shared_prefix_tokens`: every prompt starts with that many tokens in common (a system
     prompt); `share_group_prompts`: a group's samples share their whole prompt. An engine
     computes and holds each shared piece once (`engine.Request.pieces`); by default nothing is
@@ -94,6 +97,7 @@ def simulate(
     ]
     for eng in run.engines:
         eng.block_tokens = block_tokens
+        eng.capacity_tokens -= held_back_tokens
     if engine_cores is not None and (_overlap(engine_cores) or interference > 0):
         run.share = CoreShare(
             engine_cores,

@@ -75,8 +75,8 @@ def test_rollout_two_vllm_engines_real_daemon_then_resume(tmp_path, tiny_model_d
         assert stats["settings"]["temperature"] == 1.0 and stats["settings"]["seed"] == 1
         assert len(stats["engine_busy_s"]) == 2 and all(b > 0 for b in stats["engine_busy_s"])
 
-        # speculative decoding on CPU engines samples wrong tokens at temperature > 0: refused at
-        # the first request, one line, nothing written
+        # speculative decoding on CPU engines samples wrong tokens at temperature > 0: refused
+        # before any engine starts, one line, nothing written
         before = out.read_text()
         refused = run_cli(
             *common, "--samples", 3, "--sandbox", daemon.url, "--speculative", "ngram:4"
@@ -84,6 +84,7 @@ def test_rollout_two_vllm_engines_real_daemon_then_resume(tmp_path, tiny_model_d
         lines = [ln for ln in refused.stderr.splitlines() if ln.startswith("error:")]
         assert refused.returncode == 2 and len(lines) == 1, refused.stderr[-3000:]
         assert "samples wrong tokens at temperature 1" in lines[0]
+        assert "LLM engine" not in refused.stdout + refused.stderr  # vLLM's start-up log
         assert out.read_text() == before
 
         # resume: --n 3 adds only sample 2 of each problem; nothing is rewritten. Where it runs

