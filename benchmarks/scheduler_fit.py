@@ -198,10 +198,11 @@ class Calibration:
 def calibration_plan(
     max_model_len: int, kv_tokens: int, block_tokens: int
 ) -> list[tuple[int, int, int, int]]:
-    """(batch, prompt, new, cached) calls: 48 tokens at batches 1-32 after 32-token prompts and
-    after long ones (up to 800 tokens, inside `max_model_len`), long prefills, and batches of
-    long prompts whose head, all whole blocks of `block_tokens` but the last 1-2, is one prefix
-    already cached (what a rollout's system prompt makes: many contexts read, little KV held).
+    """(batch, prompt, new, cached) calls: 48 tokens at batches 1, 4, 8, 16 and 32 (a CPU's
+    roofline knee lies between 4 and 16) after 32-token prompts and after long ones (up to 800
+    tokens, inside `max_model_len`), long prefills, and batches of long prompts whose head, all
+    whole blocks of `block_tokens` but the last 1-2, is one prefix already cached (what a
+    rollout's system prompt makes: many contexts read, little KV held).
     Each batch is cut to what `kv_tokens` holds in whole blocks, less the one vLLM keeps back,
     since a call that does not fit is preempted or queued and its time is no step's (a
     request's own tokens take whole blocks, and the cache shares whole blocks only). Every call
@@ -219,7 +220,7 @@ def calibration_plan(
     plan = []
     for prompt in (32, long_len):
         most = fits(prompt, 48)
-        plan += [(b, prompt, 48, 0) for b in sorted({min(b, most) for b in (1, 4, 16, 32)})]
+        plan += [(b, prompt, 48, 0) for b in sorted({min(b, most) for b in (1, 4, 8, 16, 32)})]
     plan.append((min(8, fits(long_len, 1)), long_len, 1, 0))
     cached = max(0, (long_len - 32) // block_tokens * block_tokens)
     most = fits(long_len, 48, cached)

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from clihelpers import OFFLINE, RSTAR2, end_group, kill_9_alone, write_problems
 
-NUM_PROBLEMS, SAMPLES = 12, 30
+NUM_PROBLEMS, SAMPLES = 12, 16
 
 
 def _rows(out: Path) -> list[dict]:
