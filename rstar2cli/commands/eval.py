@@ -123,6 +123,8 @@ def eval_cmd(
         _grade_only(console=console, in_path=grade_only, out=out, force=force)
         return
     args.check()
+    if not endpoint:  # an endpoint server decodes as it was started (EvalPlan.check)
+        args.check_local_speculation()
     ks = sorted(set(k or [args.samples]))
     from rstar2cli.preflight import EvalPlan
 

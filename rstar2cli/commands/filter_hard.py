@@ -107,6 +107,7 @@ def _check_inputs(
         check_output_path(side, inputs=(data,), suffix=".jsonl")
     refuse_overwrite([out, paths["counts"]], force)
     args.check()
+    args.check_local_speculation()
     check_model_folder(model)
     problems = load_problems(data)
     rows, _ = read_records(data)

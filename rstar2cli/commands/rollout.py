@@ -95,6 +95,7 @@ def _check_inputs(
 
     check_output_path(out, inputs=(data,), suffix=".jsonl")
     args.check()
+    args.check_local_speculation()
     check_model_folder(model)
     problems = load_problems(data, require_answer=False)
     if args.sandbox:

@@ -3,8 +3,8 @@
 - one-line errors before any work (fast, no engine);
 - sibling-predicted admission and tail engines from the command line, on two transformers engines;
 - the command end to end with 2 engines + `sandboxd.spawn.spawn_daemon`, then resumed with a
-  larger --n (only the missing (id, sample) pairs are added); speculative decoding refused at
-  temperature 1 on these CPU engines and run greedy;
+  larger --n (only the missing (id, sample) pairs are added); speculative decoding refused (before
+  any engine starts) at temperature 1 on these CPU engines and run greedy;
 - its vLLM engine core killed mid-run: a one-line error, only finished trajectories kept, and
   the same command run again finishes the rest;
 - an untrained tiny model rarely writes a valid tool call, so one trajectory forces its first

@@ -110,3 +110,21 @@ def test_the_command_line_reaches_the_command_as_one_rolloutargs():
     assert tag == "x" and args.sandbox == ["http://a", "http://b"]
     assert (args.max_response_tokens, args.samples, args.seed) == (7, 2, 9)
     assert args.kv_cache_tokens == 64 and args.max_turns == 4
+
+
+def test_speculation_on_local_cpu_engines_is_refused_above_temperature_0():
+    import torch
+
+    from rstar2cli.errors import UserError
+
+    if torch.cuda.is_available():
+        pytest.skip("engines here would run on a GPU, where speculation samples right")
+    spec = dict(samples=1, max_turns=2, sandbox=[], max_response_tokens=0, speculative="ngram:4")
+    with pytest.raises(UserError, match="samples wrong tokens at temperature 0.6"):
+        O.RolloutArgs(**spec, temperature=0.6).check_local_speculation()
+    O.RolloutArgs(**spec, temperature=0.0).check_local_speculation()  # greedy: exact
+    with pytest.raises(UserError, match="on a CPU engine"):  # a local Ray instance: this CPU
+        O.RolloutArgs(**spec, temperature=0.6, ray_address="local").check_local_speculation()
+    # a Ray cluster's nodes may have GPUs: there the engine refuses at its first request instead
+    O.RolloutArgs(**spec, temperature=0.6, ray_address="10.0.0.1:6379").check_local_speculation()
+    O.RolloutArgs(**{**spec, "speculative": None}, temperature=0.6).check_local_speculation()
