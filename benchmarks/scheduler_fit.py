@@ -136,12 +136,11 @@ def disjoint_engines(cores: list[tuple[int, ...]]) -> list[int]:
 
 class Calibration:
     """The plan `fit_cost` times, in passes a caller may spread over a run: on a shared host the
-    engines' speed drifts by 10-16% over half an hour, so a fit timed only before the policies
-    describes another host than the one they ran on (the 2-engine replay's predictions were
-    11-23% slow). Each pass times every call at once on every engine of `disjoint_engines` (a
+    same call's time moves by up to 15% between two fits 8 minutes apart, so a fit timed only
+    before the policies may describe another host than the one they ran on. Each pass times every call at once on every engine of `disjoint_engines` (a
     step then pays what it pays in a rollout where every core is busy), then the short-prompt
     decode calls on the first of them alone: their ratio is the slowdown engines on other cores
-    cause (`Fit.interference`; shared memory bandwidth, ~8% on 2 cores; prefill, bound by
+    cause (`Fit.interference`; shared memory bandwidth, 6-12% on 2 cores; prefill, bound by
     arithmetic, shows none)."""
 
     def __init__(self, engines: list[Any], vocab: int, max_model_len: int, kv_tokens: int):
@@ -149,7 +148,8 @@ class Calibration:
         self.rng = random.Random(0)
         self.cores = [tuple(getattr(e, "cpu_cores", ())) for e in engines]
         self.timed = disjoint_engines(self.cores)
-        self.plan = calibration_plan(max_model_len, kv_tokens, engines[0].kv_block_size_tokens())
+        self.block_tokens = engines[0].kv_block_size_tokens()
+        self.plan = calibration_plan(max_model_len, kv_tokens, self.block_tokens)
         self.walls: dict[tuple[int, int, int, int], list[float]] = {c: [] for c in self.plan}
         self.slowdowns: list[float] = []  # at once / alone, per decode call timed both ways
 
@@ -173,7 +173,7 @@ class Calibration:
             max_rel_error=error,
             engines=self.timed,
             engine_cores=sim_cores(self.cores),
-            block_tokens=self.engines[0].kv_block_size_tokens(),
+            block_tokens=self.block_tokens,
             interference=max(0.0, slowdown - 1.0),
         )
 

@@ -467,19 +467,25 @@ def least_requests(trajs, **kw):
     return simulate(trajs, SchedulerConfig(policy="least-requests", kv_mode="full"), **kw)
 
 
+def on_two_engines(trajs, cost, cores, **kw):
+    """`least_requests` on 2 engines with room for both trajectories, on `cores`."""
+    return least_requests(
+        trajs,
+        num_engines=2,
+        capacity_tokens=1000,
+        max_response=400,
+        cost=cost,
+        engine_cores=cores,
+        **kw,
+    )
+
+
 def test_engines_on_one_core_share_it_and_a_lone_one_runs_at_full_speed():
     cost = Cost(a_s=0.01, b_s=0.0, c_s=0.0, p_s=0.0)
     twins = [SimTraj(100, [320], [], []), SimTraj(100, [320], [], [])]
 
     def run(cores, trajs):
-        return least_requests(
-            trajs,
-            num_engines=2,
-            capacity_tokens=1000,
-            max_response=400,
-            cost=cost,
-            engine_cores=cores,
-        )
+        return on_two_engines(trajs, cost, cores)
 
     own = run([(0,), (1,)], twins)
     shared = run([(0,), (0,)], twins)
@@ -494,15 +500,7 @@ def test_engines_on_one_core_share_it_and_a_lone_one_runs_at_full_speed():
 
 def test_engines_on_other_cores_slow_each_others_decode_but_not_prefill():
     def run(trajs, cost):
-        return least_requests(
-            trajs,
-            num_engines=2,
-            capacity_tokens=1000,
-            max_response=400,
-            cost=cost,
-            engine_cores=[(0,), (1,)],
-            interference=0.1,
-        )
+        return on_two_engines(trajs, cost, [(0,), (1,)], interference=0.1)
 
     decode = Cost(a_s=0.01, b_s=0.0, c_s=0.0, p_s=0.0)
     twins = [SimTraj(100, [320], [], []), SimTraj(100, [320], [], [])]
