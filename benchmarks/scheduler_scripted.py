@@ -2,8 +2,9 @@
 
 The random tiny model cannot be asked to write tool calls, so part (a) scripts them: a
 `ScriptedTrajectory` has the `agent.loop.Trajectory` surface `rollout.driver.run_rollout` drives,
-with its turn lengths and tool calls (a sandbox job that sleeps a scripted time) fixed in advance;
-generation, KV, preemption, sandbox and scheduling stay real. `real_workload` draws a
+with its turn lengths and tool calls (a job that sleeps a scripted time: `ScriptedJob`, run by
+the sandbox or, sleeping in the event loop, by `SleepTools`) fixed in advance; generation, KV,
+preemption and scheduling stay real. `real_workload` draws a
 heavy-tailed multi-turn workload of them (turns up to `max_response`, 1-4 turns, lognormal tool
 latencies; the samples of one prompt share its difficulty); `replay_items` makes them from a
 recorded workload (benchmarks/sim/replay.py), to be run with `forced=True`: each turn then has
@@ -18,14 +19,51 @@ on real engines only by the benchmark itself.
 
 from __future__ import annotations
 
+import asyncio
 import math
 import random
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+
+from sandboxd.wire import Job, JobResult
 
 if TYPE_CHECKING:
     from benchmarks.sim.replay import Replay
     from rstar2cli.engines.base import GenOutput, SamplingSpec
-    from sandboxd.wire import Job, JobResult
+
+
+@dataclass
+class ScriptedJob(Job):
+    """A scripted tool call: its code sleeps `sleep_s` and prints `stdout`."""
+
+    sleep_s: float = 0.0
+    stdout: str = ""
+
+
+class SleepTools:
+    """A `agent.tools.ToolRunner` for scripted calls that only waits: each `ScriptedJob` sleeps
+    its latency in the event loop and answers what its code would print. On a cluster the
+    sandbox runs on CPU nodes of its own; on this host its forks would take the engines' cores
+    (4 engines on 2 cores: a 6 ms call took 1.0 s), a cost the simulator does not model."""
+
+    async def run_batch(
+        self, jobs: list[Job], on_result: Callable[[int, JobResult], None] | None = None
+    ) -> list[JobResult]:
+        async def one(i: int, job: Job) -> JobResult:
+            assert isinstance(job, ScriptedJob), "SleepTools runs scripted calls only"
+            await asyncio.sleep(job.sleep_s)
+            result = JobResult(
+                status="ok", stdout=job.stdout, stderr="", exit_code=0, duration_s=job.sleep_s
+            )
+            if on_result is not None:
+                on_result(i, result)
+            return result
+
+        return list(await asyncio.gather(*(one(i, j) for i, j in enumerate(jobs))))
+
+    async def close(self) -> None:
+        pass
 
 
 class ScriptedTrajectory:
@@ -93,13 +131,16 @@ class ScriptedTrajectory:
             return "tool"
         return self.finish("answer")
 
-    def tool_job(self) -> Job:
-        from sandboxd.wire import Job
-
-        printed = f"{self.turn} * 7"
+    def tool_job(self) -> ScriptedJob:
+        printed = str(self.turn * 7)
         if self.chunks is not None:
-            printed = f"'0' * {chunk_digits(self.chunks[self.turn], self.tok)}"
-        return Job(code=f"import time\ntime.sleep({self.tool_s[self.turn]:.3f})\nprint({printed})")
+            printed = "0" * chunk_digits(self.chunks[self.turn], self.tok)
+        sleep_s = round(self.tool_s[self.turn], 3)
+        return ScriptedJob(
+            code=f"import time\ntime.sleep({sleep_s})\nprint({printed!r})",
+            sleep_s=sleep_s,
+            stdout=printed + "\n",
+        )
 
     def on_tool_result(self, result: JobResult) -> str:
         self.num_tool_calls += 1

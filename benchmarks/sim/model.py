@@ -53,6 +53,7 @@ def simulate(
     share_group_prompts: bool = False,
     block_tokens: int = 1,
     interference: float = 0.0,
+    sharing: float = 0.0,
     held_back_tokens: int = 0,
 ) -> SimResult:
     """Play `workload` through the real `Scheduler` on `num_engines` simulated engines until
@@ -72,7 +73,8 @@ def simulate(
     one host): steps on shared cores are processor-shared (`sharing.CoreShare`); None: every
     engine owns its device, each step takes what `cost` says. `interference`: engines on other
     cores slow a step's decode by that fraction while they step too (shared memory bandwidth:
-    `sharing.CoreShare`); `cost` is then an engine's cost alone on the host.
+    `sharing.CoreShare`); `cost` is then an engine's cost alone on the host. `sharing`: engines
+    stepping on one core take that fraction longer than an even split of it.
     `held_back_tokens`: KV an engine keeps from what it reports (vLLM: one block, its null
     block), so the scheduler counts `capacity_tokens` and the engines hold that much less.
     `shared_prefix_tokens`: every prompt starts with that many tokens in common (a system
@@ -103,6 +105,7 @@ def simulate(
             engine_cores,
             push=lambda t, e, k: run.push(t, "step", e, k),
             interference=interference,
+            sharing=sharing,
         )
     if peak_oracle is not None:
         final = hindsight.told_final_tokens(

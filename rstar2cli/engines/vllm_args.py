@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
@@ -51,8 +52,23 @@ class VllmStats:
     num_draft_tokens: int = 0
     num_accepted_draft_tokens: int = 0
     num_tried_draft_tokens: int = 0
+    # a list to have every step appended to it: (monotonic s when its output arrived, requests
+    # running, prompt tokens computed, KV use); None (the default): no trace
+    step_trace: list[tuple[float, int, int, float]] | None = None
 
     def record(self, scheduler_stats: Any, iteration_stats: Any) -> None:
+        if scheduler_stats is not None and self.step_trace is not None:
+            prefix = scheduler_stats.prefix_cache_stats
+            computed = prefix.queries - prefix.hits + prefix.preempted_queries
+            computed -= prefix.preempted_hits
+            self.step_trace.append(
+                (
+                    time.monotonic(),
+                    scheduler_stats.num_running_reqs,
+                    computed,
+                    scheduler_stats.kv_cache_usage,
+                )
+            )
         if scheduler_stats is not None:
             spec = scheduler_stats.spec_decoding_stats
             if spec is not None:

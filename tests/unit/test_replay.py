@@ -7,10 +7,16 @@ import asyncio
 import contextlib
 import io
 import json
+import time
 
 import pytest
 
-from benchmarks.scheduler_scripted import ScriptedTrajectory, chunk_digits, replay_items
+from benchmarks.scheduler_scripted import (
+    ScriptedTrajectory,
+    SleepTools,
+    chunk_digits,
+    replay_items,
+)
 from benchmarks.sim.replay import (
     Replay,
     from_records,
@@ -175,7 +181,19 @@ def test_unforced_scripted_turn_ends_at_im_end():
     traj = ScriptedTrajectory(item, prompt_ids=[1], tokenizer=_CharTokenizer(), max_response=100)
     assert not traj.sampling_spec().ignore_eos
     assert traj.on_generated(_out([5, IM_END], "stop")) == "tool"
-    assert "print(0 * 7)" in traj.tool_job().code
+    assert traj.tool_job().stdout == "0\n"
+
+
+def test_sleep_tools_answer_what_the_scripted_code_prints():
+    item = {"id": "p0", "sample": 0, "turns": [5, 5, 5], "tool_s": [0.0, 0.02]}
+    traj = ScriptedTrajectory(item, prompt_ids=[1], tokenizer=_CharTokenizer(), max_response=100)
+    traj.turn = 1
+    job = traj.tool_job()
+    seen = []
+    started = time.monotonic()
+    [result] = asyncio.run(SleepTools().run_batch([job], on_result=lambda i, r: seen.append(i)))
+    assert time.monotonic() - started >= 0.02 and seen == [0]
+    assert result.status == "ok" and result.stdout == _play_tool(traj).stdout == "7\n"
 
 
 def test_vllm_sampling_params_ignore_eos():

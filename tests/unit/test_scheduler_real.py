@@ -13,9 +13,11 @@ from benchmarks.scheduler_replay import (
     build_json,
     hit_rate,
     load_workload,
+    mean_batch,
     prefilled_tokens,
     prefix_counts,
     run_summary,
+    step_summary,
 )
 from benchmarks.sim import replay
 from rstar2cli.agent.loop import prompt_ids_for
@@ -112,6 +114,32 @@ def test_run_summary_hit_rate_and_prefix_counts():
     assert prefilled_tokens((10.0, 4.0), (30.0, 9.0)) == 15.0  # 20 looked up, 5 found
 
 
+def test_engine_steps_are_traced_and_summed_over_the_busy_gaps():
+    from vllm.v1.metrics.stats import PrefixCacheStats, SchedulerStats
+
+    from rstar2cli.engines.vllm_args import VllmStats
+
+    stats = VllmStats()
+    step = SchedulerStats(num_running_reqs=3, kv_cache_usage=0.5)
+    step.prefix_cache_stats = PrefixCacheStats(queries=40, hits=32, preempted_queries=9)
+    stats.record(step, None)  # not traced: no list to append to
+    stats.step_trace = []
+    stats.record(step, None)
+    [(t, running, computed, kv)] = stats.step_trace
+    assert (running, computed, kv) == (3, 8 + 9, 0.5) and t > 0
+    # two engines: 3 steps where requests ran (4 then 2 requests), and an idle gap not counted
+    one = [(0.0, 4, 0, 0.1), (0.1, 4, 0, 0.1), (0.2, 0, 0, 0.0), (5.0, 2, 0, 0.1), (5.4, 2, 0, 0.1)]
+    other = [(1.0, 1, 0, 0.0)]  # a lone output: no step time to measure
+    summary = step_summary([one, other])
+    assert summary["engine_steps"] == 3
+    assert abs(summary["mean_step_ms"] - 200.0) < 1e-9  # (0.1 + 0.1 + 0.4) / 3
+    assert abs(summary["mean_batch"] - (0.2 * 4 + 0.4 * 2) / 0.6) < 1e-9  # weighted by time
+    assert step_summary([[]]) == {"engine_steps": 0.0, "mean_batch": 0.0, "mean_step_ms": 0.0}
+    # the simulator's: its tenths' mean batches weighted by how busy each tenth was
+    sim = SimpleNamespace(busy_by_tenth=[1.0, 0.5, 0.0], batch_by_tenth=[6.0, 3.0, 0.0])
+    assert mean_batch(sim) == 5.0
+
+
 def test_build_json_shape_and_default_is_fastest():
     long_series = [[0.5 * i, (i % 10) / 10] for i in range(1000)]
     runs = {
@@ -126,6 +154,9 @@ def test_build_json_shape_and_default_is_fastest():
             "preemptions": 1.0,
             "prefix_hit_rate": 0.5,
             "kv_samples": long_series,
+            "engine_steps": 10.0,
+            "mean_batch": 3.5,
+            "mean_step_ms": 60.0,
         },
         "least-requests": {
             "measured_s": 25.0,
@@ -173,6 +204,7 @@ def test_build_json_shape_and_default_is_fastest():
     }
     kv = data["policies"]["kv-incremental"]
     assert kv["kv_use_peak"] == 0.9 and abs(kv["kv_use_mean"] - 0.45) < 1e-9
+    assert (kv["engine_steps"], kv["mean_batch"], kv["mean_step_ms"]) == (10.0, 3.5, 60.0)
     assert len(kv["kv_use"]) <= MAX_SERIES_POINTS
     assert kv["kv_use"][0] == long_series[0] and kv["kv_use"][-1] == long_series[-1]
     lr = data["policies"]["least-requests"]
@@ -279,3 +311,47 @@ def test_the_calibration_plan_caches_whole_blocks_and_every_batch_fits_the_kv():
     # a GPU's 16-token blocks and a large KV: the batches the plan asks for, uncut
     big = calibration_plan(max_model_len=8192, kv_tokens=200_000, block_tokens=16)
     assert (32, 800, 48, 768) in big and (32, 32, 48, 0) in big
+
+
+class _CoreEngine:
+    """A stand-in engine on one core of a host whose cores `running` tracks: a call takes
+    `step_s` per new token, times the engines stepping on its core (x 1.1 when they share it:
+    an uneven split) and x 1.05 while an engine on another core steps too."""
+
+    def __init__(self, index, core, running):
+        self.index, self.cpu_cores, self.running = index, (core,), running
+
+    def kv_block_size_tokens(self):
+        return 128
+
+    async def generate(self, rid, ids, spec):
+        import asyncio
+
+        core = self.cpu_cores[0]
+        self.running.setdefault(core, set()).add(self.index)
+        await asyncio.sleep(0)  # every call of the same gather is under way before it is timed
+        await asyncio.sleep(0)
+        mine = len(self.running[core])
+        others = any(ids for c, ids in self.running.items() if c != core)
+        slow = (mine * 1.1 if mine > 1 else 1.0) * (1.05 if others else 1.0)
+        await asyncio.sleep(0.0008 * spec.max_tokens * slow)
+        self.running[core].discard(self.index)
+
+
+def test_calibration_times_how_engines_on_other_cores_and_on_one_core_slow_each_other():
+    import asyncio
+
+    from benchmarks.scheduler_fit import Calibration
+
+    running = {}
+    engines = [_CoreEngine(i, core, running) for i, core in enumerate((0, 1, 0, 1))]
+    cal = Calibration(engines, vocab=1000, max_model_len=832, kv_tokens=4096)
+    asyncio.run(cal.time_pass())
+    fit = cal.fit()
+    assert fit.engines == [0, 1] and fit.engine_cores == [(0,), (1,), (0,), (1,)]
+    assert fit.interference == pytest.approx(0.05, abs=0.03)
+    assert fit.sharing == pytest.approx(0.1, abs=0.03)
+    # engines that own their cores: nothing shares one, nothing to time
+    own = Calibration(engines[:2], vocab=1000, max_model_len=832, kv_tokens=4096)
+    asyncio.run(own.time_pass())
+    assert own.fit().sharing == 0.0 and own.stretches == []

@@ -496,6 +496,12 @@ def test_engines_on_one_core_share_it_and_a_lone_one_runs_at_full_speed():
     uneven = [SimTraj(100, [320], [], []), SimTraj(100, [64], [], [])]
     alone = run([(0,), (1,)], uneven).makespan_s
     assert run([(0,), (0,)], uneven).makespan_s == pytest.approx(alone + 64 * 0.01)
+    # a split that costs 8% (`sharing`): both steps stretch while they share, a lone one does not
+    stretched = on_two_engines(uneven, cost, [(0,), (0,)], sharing=0.08).makespan_s
+    assert stretched == pytest.approx(alone + 64 * 0.01 * 1.16)  # the pair: 2 x 1.08 per step
+    assert on_two_engines(twins, cost, [(0,), (1,)], sharing=0.08).makespan_s == pytest.approx(
+        own.makespan_s
+    )
 
 
 def test_engines_on_other_cores_slow_each_others_decode_but_not_prefill():
