@@ -42,10 +42,10 @@ class ScriptedJob(Job):
 
 
 class SleepTools:
-    """A `agent.tools.ToolRunner` for scripted calls that only waits: each `ScriptedJob` sleeps
+    """An `agent.tools.ToolRunner` for scripted calls that only waits: each `ScriptedJob` sleeps
     its latency in the event loop and answers what its code would print. On a cluster the
     sandbox runs on CPU nodes of its own; on this host its forks would take the engines' cores
-    (4 engines on 2 cores: a 6 ms call took 1.0 s), a cost the simulator does not model."""
+    (4 engines on 2 cores: a 6 ms call took 0.3-1.1 s), a cost the simulator does not model."""
 
     async def run_batch(
         self, jobs: list[Job], on_result: Callable[[int, JobResult], None] | None = None
