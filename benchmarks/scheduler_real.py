@@ -249,10 +249,12 @@ async def run_real(
         )
         # the scripted tools only sleep: enough slots that a call waits for its own latency,
         # not for a free slot (a cluster's sandbox pool is sized so)
-        pool = LocalSandbox(num_workers=args.sandbox_workers, timeout_s=10.0, preload=())
-        async with (
-            pool if args.tools == "sandbox" else contextlib.nullcontext(SleepTools()) as sandbox
-        ):
+        tools = (
+            LocalSandbox(num_workers=args.sandbox_workers, timeout_s=10.0, preload=())
+            if args.tools == "sandbox"
+            else contextlib.nullcontext(SleepTools())
+        )
+        async with tools as sandbox:
             hits: dict[int, tuple[float | None, float, dict[str, float]]] = {}
             rows = await _run_policies(
                 engines, sandbox=sandbox, work=work, tok=tok, args=args, hits=hits, cal=cal

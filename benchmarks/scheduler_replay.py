@@ -202,14 +202,14 @@ def prefilled_tokens(before: tuple[float, float], after: tuple[float, float]) ->
 STEP_KEYS = ("engine_steps", "mean_batch", "mean_step_ms")  # `step_summary`'s
 
 
-def step_summary(traces: list[list[tuple[float, int, int, float]]]) -> dict[str, float]:
+def step_summary(traces: list[list[tuple[float, int]]]) -> dict[str, float]:
     """The engines' steps in a run, from their step traces (`VllmStats.step_trace`, one per
     engine): how many, the mean batch (requests running, weighted by the step's time, as
     `sim.result.profile` weighs the simulator's) and the mean step time. A step's time is the
     gap between its output and the one before, counted where requests were running."""
     steps, busy_s, batch_s = 0, 0.0, 0.0
     for trace in traces:
-        for (t0, running, *_), (t1, *_) in zip(trace, trace[1:], strict=False):
+        for (t0, running), (t1, _) in zip(trace, trace[1:], strict=False):
             if running > 0:
                 steps += 1
                 busy_s += t1 - t0

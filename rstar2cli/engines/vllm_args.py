@@ -53,22 +53,12 @@ class VllmStats:
     num_accepted_draft_tokens: int = 0
     num_tried_draft_tokens: int = 0
     # a list to have every step appended to it: (monotonic s when its output arrived, requests
-    # running, prompt tokens computed, KV use); None (the default): no trace
-    step_trace: list[tuple[float, int, int, float]] | None = None
+    # running); None (the default): no trace
+    step_trace: list[tuple[float, int]] | None = None
 
     def record(self, scheduler_stats: Any, iteration_stats: Any) -> None:
         if scheduler_stats is not None and self.step_trace is not None:
-            prefix = scheduler_stats.prefix_cache_stats
-            computed = prefix.queries - prefix.hits + prefix.preempted_queries
-            computed -= prefix.preempted_hits
-            self.step_trace.append(
-                (
-                    time.monotonic(),
-                    scheduler_stats.num_running_reqs,
-                    computed,
-                    scheduler_stats.kv_cache_usage,
-                )
-            )
+            self.step_trace.append((time.monotonic(), scheduler_stats.num_running_reqs))
         if scheduler_stats is not None:
             spec = scheduler_stats.spec_decoding_stats
             if spec is not None:
