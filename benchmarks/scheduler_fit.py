@@ -4,14 +4,15 @@
 as in a rollout), over a plan of batches, prompt lengths and prefills, in passes spread over the
 run (`fit_cost`: one after another), each call's median; and decode calls alone, for how much
 engines on other cores slow each other (`Fit.interference`, `sim.sharing.CoreShare`);
-`solve_cost` fits `sim.workload.Cost` (step = max(a, b*batch) + c*context read, prefill = p per
-token: a roofline, since a CPU engine's step takes as long at batch 4 as at 1, bound by reading
-the weights, and grows with the batch only once its arithmetic is the larger part; the sum
-a + b*batch put the 2-engine replay's makespans 16-32% over the measured ones, the roofline
-11-23%) to them by least squares on relative error, never a negative term. `resim` replays a
-finished run of benchmarks/scheduler_real.py in the simulator on its saved calls (the cost
-solved again from them), cores and KV, after a change to the model (`--refit`: the calls timed
-again on fresh engines first).
+`solve_cost` fits `sim.workload.Cost` (step = a + b * max(0, batch - knee) + c * context read,
+prefill = p per token: a CPU engine's step takes as long at batch 4 as at 1, bound by reading the
+weights, and grows by a fixed amount per sequence only past a knee; the sum a + b*batch put the
+2-engine replay's makespans 16-32% over the measured ones, the roofline max(a, b*batch) 11-23%
+at first and 6-16% under them on 4 engines (it left steps at batch 8-16 up to 13% short, where
+the kv policies run), the knee 4-10%) to them by least squares on relative error, never a
+negative term. `resim` replays a finished run of benchmarks/scheduler_real.py in the simulator
+on its saved calls (the cost solved again from them), cores and KV, after a change to the model
+(`--refit`: the calls timed again on fresh engines first).
 
 What it does not do: run a policy on the engines (scheduler_real.py). The fit and the engines'
 choice are tested in tests/unit/test_scheduler_real.py.
@@ -67,34 +68,30 @@ def call_terms(batch: int, prompt: int, new: int, cached: int = 0) -> list[float
 
 
 def solve_cost(
-    points: list[tuple[int, int, int, int, float]], roofline: bool = True
+    points: list[tuple[int, int, int, int, float]], knee: bool = True
 ) -> tuple[Cost, float]:
     """(a, b, c, p) >= 0 by least squares on relative error over `points` ((batch, prompt, new,
     cached, wall s) each: `call_terms`); a term whose fit goes negative is dropped and the rest
-    refitted. Roofline (`Cost.roofline`): for each knee batch k = a / b on a grid, a step's
-    weight term is a * max(1, batch / k), linear in a; the knee with the least squared error
-    wins. Returns the cost and its largest relative error on the points."""
+    refitted. With `knee` (`Cost.knee`), for each knee batch k on a grid (0, then 1.25 up to twice
+    the largest batch), a step's sequence term is b * max(0, batch - k), linear in b; the knee
+    with the least squared error wins. Returns the cost and its largest relative error."""
     import numpy as np
 
     rows = np.array([call_terms(b, p, n, c) for b, p, n, c, _ in points])  # [P, 4]
     wall = np.array([w for *_, w in points])  # [P]
-    if not roofline:
-        coef = _nonnegative_fit(rows, wall)
-        error = float(np.max(np.abs(rows @ coef - wall) / wall))
-        a, b, c, p = (float(x) for x in coef)
-        return Cost(a_s=a, b_s=b, c_s=c, p_s=p), error
     batch = np.array([b for b, *_ in points], dtype=float)  # [P]
+    knees = [0.0] + (list(np.arange(1.25, 2.0 * batch.max(), 0.25)) if knee else [])
     best: tuple[float, float, Any] | None = None
-    for knee in np.arange(1.0, 2.0 * batch.max(), 0.25):
-        steps = rows[:, 0] * np.maximum(1.0, batch / knee)  # [P], steps in units of a
-        terms = np.column_stack([steps, rows[:, 2], rows[:, 3]])  # [P, 3]: a, c, p
+    for k in knees:
+        past = rows[:, 0] * np.maximum(0.0, batch - k)  # [P], sequence-steps past the knee
+        terms = np.column_stack([rows[:, 0], past, rows[:, 2], rows[:, 3]])  # [P, 4]: a b c p
         coef = _nonnegative_fit(terms, wall)
         rel = (terms @ coef - wall) / wall
         if best is None or float(rel @ rel) < best[0]:
-            best = (float(rel @ rel), float(knee), coef)
+            best = (float(rel @ rel), float(k), coef)
     assert best is not None
-    _, knee, (a, c, p) = best
-    cost = Cost(a_s=float(a), b_s=float(a) / knee, c_s=float(c), p_s=float(p), roofline=True)
+    _, k, (a, b, c, p) = best
+    cost = Cost(a_s=float(a), b_s=float(b), c_s=float(c), p_s=float(p), knee=k if b > 0 else 0.0)
     calls = [(b, n, ctx, pre) for (b, *_), (n, _, ctx, pre) in zip(points, rows, strict=True)]
     model = np.array([n * cost.step_s(b, 0) + cost.c_s * ctx + p * pre for b, n, ctx, pre in calls])
     return cost, float(np.max(np.abs(model - wall) / wall))
@@ -119,7 +116,7 @@ def _nonnegative_fit(terms: Any, wall: Any) -> Any:
 
 def cost_json(cost: Cost) -> dict[str, Any]:
     """The fitted cost's terms, as the `--json` file keeps them."""
-    return {k: getattr(cost, k) for k in ("a_s", "b_s", "c_s", "p_s", "roofline")}
+    return {k: getattr(cost, k) for k in ("a_s", "b_s", "c_s", "p_s", "knee")}
 
 
 def disjoint_engines(cores: list[tuple[int, ...]]) -> list[int]:
@@ -210,7 +207,7 @@ def calibration_plan(
     max_model_len: int, kv_tokens: int, block_tokens: int
 ) -> list[tuple[int, int, int, int]]:
     """(batch, prompt, new, cached) calls: 48 tokens at batches 1, 4, 8, 16 and 32 (a CPU's
-    roofline knee lies between 4 and 16) after 32-token prompts and after long ones (up to 800
+    knee lies between 4 and 16) after 32-token prompts and after long ones (up to 800
     tokens, inside `max_model_len`), long prefills, and batches of long prompts whose head, all
     whole blocks of `block_tokens` but the last 1-2, is one prefix already cached (what a
     rollout's system prompt makes: many contexts read, little KV held).
@@ -260,7 +257,7 @@ def alone_cost(cost: Cost, interference: float) -> Cost:
         b_s=cost.b_s / slow,
         c_s=cost.c_s / slow,
         p_s=cost.p_s,
-        roofline=cost.roofline,
+        knee=cost.knee,
     )
 
 
@@ -272,10 +269,8 @@ def sim_cores(cores: list[tuple[int, ...]]) -> list[tuple[int, ...]]:
 
 def print_fit(fit: Fit) -> None:
     c = fit.cost
-    weights = (
-        f"max({c.a_s * 1e3:.2f} ms, {c.b_s * 1e3:.3f} ms x batch)"
-        if c.roofline
-        else f"{c.a_s * 1e3:.2f} ms + {c.b_s * 1e3:.3f} ms x batch"
+    weights = f"{c.a_s * 1e3:.2f} ms + {c.b_s * 1e3:.3f} ms x " + (
+        f"max(0, batch - {c.knee:g})" if c.knee else "batch"
     )
     print(
         f"cost model fitted on engines {fit.engines} at once: step = {weights} + "

@@ -14,8 +14,8 @@ says. Time advances in macro steps: the batch is constant until the first reques
 finishes, KV runs out, or `MAX_MACRO_STEPS` pass (arrivals wait at most that long; in 1/8-scale
 runs 8 instead of 32 moved makespans by about 1%).
 
-What it does not model: chunked prefill interleaving, compute/memory overlap (a step's terms
-add; a roofline would take their max). Which requests arrive, and when, is `model.simulate`'s
+What it does not model: chunked prefill interleaving, compute/memory overlap beyond the cost's
+knee (past it a step's terms add). Which requests arrive, and when, is `model.simulate`'s
 business. Tested in tests/unit/test_scheduler_sim.py.
 """
 

@@ -2,7 +2,9 @@
 
 Step time is a cost model:
 
-    step_s = a + b * batch + c * sum(context)      prefill_s = p * prefill tokens
+    step_s = a + b * max(0, batch - knee) + c * sum(context)      prefill_s = p * prefill tokens
+
+(knee 0 for the GPUs below; a CPU engine's fitted steps have one: `scheduler_fit`).
 
 With speculative decoding (`Cost.acceptance`, `max_draft`: what `rstar2 rollout --speculative`
 runs), a step at a batch up to `spec_max_batch` verifies d draft tokens per request besides its
@@ -46,9 +48,10 @@ class Cost:
     acceptance: float = 0.0
     max_draft: int = 0
     spec_max_batch: int = SPECULATIVE_MAX_BATCH
-    # roofline: a step's weight reads (a) and its per-sequence arithmetic (b) overlap, so it
-    # costs the larger of the two, not their sum (a CPU engine's measured steps: `scheduler_fit`)
-    roofline: bool = False
+    # knee: below this many sequences a step's per-sequence arithmetic hides under its weight
+    # reads (a), and only the sequences past it add b each (a CPU engine's steps cost the same at
+    # batch 1 and 4, then grow: `scheduler_fit`); 0: every sequence adds b
+    knee: float = 0.0
 
     def __post_init__(self) -> None:
         if not 0 <= self.acceptance < 1:
@@ -62,9 +65,8 @@ class Cost:
     def step_s(self, batch: int, ctx_tokens: float, draft: int = 0) -> float:
         """One step of `batch` requests holding `ctx_tokens` of context, each verifying `draft`
         draft tokens besides its own next one (the weights and the context are read once)."""
-        per_seq = self.b_s * batch * (draft + 1)
-        weights = max(self.a_s, per_seq) if self.roofline else self.a_s + per_seq
-        return weights + self.c_s * ctx_tokens
+        past_knee = max(0.0, batch * (draft + 1) - self.knee)
+        return self.a_s + self.b_s * past_knee + self.c_s * ctx_tokens
 
     def tokens_per_step(self, draft: int) -> float:
         """Expected tokens a request gains in a step that verifies `draft` draft tokens: the

@@ -234,23 +234,24 @@ def test_the_cost_fit_recovers_the_costs_that_made_its_calls():
         (b, p, n, c, sum(t * x for t, x in zip(truth, call_terms(b, p, n, c), strict=True)))
         for b, p, n, c in plan
     ]
-    cost, error = solve_cost(points, roofline=False)
-    assert error < 1e-9 and not cost.roofline
+    cost, error = solve_cost(points, knee=False)
+    assert error < 1e-9 and cost.knee == 0
     got = (cost.a_s, cost.b_s, cost.c_s, cost.p_s)
     assert all(abs(g - t) <= 1e-6 * t for g, t in zip(got, truth, strict=True))
     # a term the calls cannot pay for (here: context reads costing nothing, the rest noisy) is
     # never fitted negative: it is dropped and the rest refitted
     noisy = [(*call, w * (1.05 if i % 2 else 0.95)) for i, (*call, w) in enumerate(points)]
-    cost, error = solve_cost(noisy, roofline=False)
+    cost, error = solve_cost(noisy, knee=False)
     assert min(cost.a_s, cost.b_s, cost.c_s, cost.p_s) >= 0.0 and error < 0.2
 
 
-def test_the_roofline_fit_finds_the_batch_where_arithmetic_overtakes_the_weight_reads():
+def test_the_knee_fit_finds_the_batch_past_which_each_sequence_costs_more():
     from benchmarks.scheduler_fit import call_terms, solve_cost
     from benchmarks.sim.workload import Cost
 
-    # steps of 60 ms up to batch 10, then 6 ms a sequence: batch 1 and 4 cost alike, as measured
-    truth = Cost(a_s=0.06, b_s=0.006, c_s=1e-5, p_s=0.0025, roofline=True)
+    # steps of 60 ms up to batch 10, then 4 ms for each sequence past it: batch 1 and 4 cost
+    # alike, as measured; a roofline max(a, b x batch) cannot make that slope after that knee
+    truth = Cost(a_s=0.06, b_s=0.004, c_s=1e-5, p_s=0.0025, knee=10.0)
     plan = [(b, p, 48, 0) for p in (32, 768) for b in (1, 4, 16, 32)] + [(5, 768, 1, 0)]
     plan += [(8, 768, 48, 736), (32, 768, 48, 736)]
 
@@ -259,12 +260,15 @@ def test_the_roofline_fit_finds_the_batch_where_arithmetic_overtakes_the_weight_
         return n * truth.step_s(b, 0) + truth.c_s * context + truth.p_s * prefill
 
     cost, error = solve_cost([(*call, wall(*call)) for call in plan])
-    assert cost.roofline and error < 1e-9
+    assert cost.knee == 10.0 and error < 1e-9
     got = (cost.a_s, cost.b_s, cost.c_s, cost.p_s)
     want = (truth.a_s, truth.b_s, truth.c_s, truth.p_s)
     assert all(abs(g - t) <= 1e-6 * t for g, t in zip(got, want, strict=True))
     assert cost.step_s(1, 0) == cost.step_s(4, 0) == pytest.approx(0.06)
-    assert cost.step_s(32, 0) == pytest.approx(32 * 0.006)
+    assert cost.step_s(32, 0) == pytest.approx(0.06 + 22 * 0.004)
+    # a knee of 0 is the plain sum, fitted without one it is that sum's best least squares
+    plain, plain_error = solve_cost([(*call, wall(*call)) for call in plan], knee=False)
+    assert plain.knee == 0 and plain_error > 0.05
 
 
 def test_engines_timed_at_once_share_no_core_and_unbound_ones_share_one():
@@ -290,9 +294,9 @@ def test_a_cost_timed_with_every_core_busy_is_cheaper_alone_but_its_prefill_is_n
     from benchmarks.scheduler_fit import alone_cost
     from benchmarks.sim.workload import Cost
 
-    busy = Cost(a_s=0.06, b_s=0.006, c_s=1e-5, p_s=0.0025, roofline=True)
+    busy = Cost(a_s=0.06, b_s=0.006, c_s=1e-5, p_s=0.0025, knee=10.0)
     alone = alone_cost(busy, 0.2)
-    assert alone.roofline and alone.p_s == busy.p_s
+    assert alone.knee == busy.knee and alone.p_s == busy.p_s
     assert alone.step_s(32, 1000) * 1.2 == pytest.approx(busy.step_s(32, 1000))
 
 
