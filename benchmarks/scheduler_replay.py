@@ -262,7 +262,7 @@ def build_json(
     predicted_detail: dict[str, dict[str, float]] | None = None,
 ) -> dict[str, Any]:
     """The `--json` object: the setting, then per policy its measured makespan (`runs`, one
-    `run_summary` per policy), the simulator's (`predicted`; None where it did not run),
+    `run_summary` per policy, its median run) and every run's ("runs_s"), the simulator's (`predicted`; None where it did not run),
     preemptions, prefix hit rate, engine steps (`step_summary`), and KV use (mean and peak
     over the samples, and a series of at most MAX_SERIES_POINTS), and what the simulator
     counted beside its makespan (`predicted_detail`, `sim_detail`); "default" is the policy
@@ -273,6 +273,7 @@ def build_json(
         steps: dict[str, float] = {k: run[k] for k in STEP_KEYS if k in run}
         policies[name] = {
             "measured_s": run["measured_s"],
+            "runs_s": run.get("runs_s", [run["measured_s"]]),
             "predicted_s": predicted.get(name),
             "preemptions": run["preemptions"],
             "prefix_hit_rate": run["prefix_hit_rate"],

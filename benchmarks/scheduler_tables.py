@@ -31,10 +31,14 @@ def median_runs(
 
 
 def print_real(
-    all_rows: list[tuple[str, Any]], sim: dict[str, float], args: argparse.Namespace, work: Workload
+    rows: list[tuple[str, Any]],
+    spans: dict[str, list[float]],
+    sim: dict[str, float],
+    args: argparse.Namespace,
+    work: Workload,
 ) -> None:
-    """Part (a)'s tables: each policy's median run, then the same workload in the simulator."""
-    rows, spans = median_runs(all_rows)
+    """Part (a)'s tables: each policy's median run (`median_runs`: the runs and every run's
+    makespan), then the same workload in the simulator."""
     base = {name: s.makespan_s for name, s in rows}
     print_setting(args, work=work)
     header = [

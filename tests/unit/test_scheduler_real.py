@@ -152,6 +152,7 @@ def test_build_json_shape_and_default_is_fastest():
         },
         "kv-incremental": {
             "measured_s": 20.0,
+            "runs_s": [20.0, 23.0],
             "preemptions": 1.0,
             "prefix_hit_rate": 0.5,
             "kv_samples": long_series,
@@ -194,6 +195,7 @@ def test_build_json_shape_and_default_is_fastest():
     static = data["policies"]["static"]
     assert static == {
         "measured_s": 30.0,
+        "runs_s": [30.0],  # one run
         "predicted_s": 28.0,
         "preemptions": 0.0,
         "prefix_hit_rate": None,
@@ -206,6 +208,7 @@ def test_build_json_shape_and_default_is_fastest():
     kv = data["policies"]["kv-incremental"]
     assert kv["kv_use_peak"] == 0.9 and abs(kv["kv_use_mean"] - 0.45) < 1e-9
     assert (kv["engine_steps"], kv["mean_batch"], kv["mean_step_ms"]) == (10.0, 3.5, 60.0)
+    assert kv["runs_s"] == [20.0, 23.0]
     assert len(kv["kv_use"]) <= MAX_SERIES_POINTS
     assert kv["kv_use"][0] == long_series[0] and kv["kv_use"][-1] == long_series[-1]
     lr = data["policies"]["least-requests"]
