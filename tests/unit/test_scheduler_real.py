@@ -363,3 +363,19 @@ def test_calibration_times_how_engines_on_other_cores_and_on_one_core_slow_each_
     own = Calibration(engines[:2], vocab=1000, max_model_len=832, kv_tokens=4096)
     asyncio.run(own.time_pass())
     assert own.fit().sharing == 0.0 and own.stretches == []
+
+
+def test_a_policys_makespan_is_the_median_of_its_runs_and_its_counts_the_median_runs():
+    from types import SimpleNamespace
+
+    from benchmarks.scheduler_tables import median_makespan, median_runs
+
+    def run(s):
+        return SimpleNamespace(makespan_s=s)
+
+    rows = [("a", run(3.0)), ("b", run(7.0)), ("a", run(1.0)), ("b", run(5.0)), ("a", run(2.0))]
+    median, spans = median_runs(rows)
+    assert [n for n, _ in median] == ["a", "b"]  # first-run order
+    assert spans == {"a": [3.0, 1.0, 2.0], "b": [7.0, 5.0]}
+    assert [s.makespan_s for _, s in median] == [2.0, 5.0]  # an even count: the lower middle
+    assert median_makespan(spans["a"]) == 2.0 and median_makespan(spans["b"]) == 6.0
