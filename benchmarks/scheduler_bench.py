@@ -16,9 +16,9 @@
     mi300x, the paper's, or h100), Qwen3-14B, 512 prompts x 32 rollouts, lengths up to 8K. Step cost and KV capacity come from
     spec sheets and stated assumptions (`sim.workload.gpu_cost`, `gpu_kv_tokens`), not from (a):
     (a)'s fit describes a small model on a CPU, and is printed next to them only for
-    comparison. Calibrated against (a), the simulator's makespans came within -16% to +17% of the
-    measured ones, its ratios between two policies of one run within 14% (19% where one is
-    kv-full): read (b)'s figures with that error. Each row is shown against the work bound (total work / total capacity),
+    comparison. Calibrated against (a), the simulator's makespans came within -10% to +15% of the
+    measured ones, its ratios between two policies of one run within 12%: read (b)'s figures
+    with that error. Each row is shown against the work bound (total work / total capacity),
     max(work bound, critical path: the slowest trajectory alone on an engine, tool waits
     included), the step floor, and its own start-limited bound (had every trajectory run alone
     from when it started); then what moves cost, the Spearman correlation of the predicted and
