@@ -9,7 +9,7 @@ prefill = p per token: a CPU engine's step takes as long at batch 4 as at 1, bou
 weights, and grows by a fixed amount per sequence only past a knee; the sum a + b*batch put the
 2-engine replay's makespans 16-32% over the measured ones, the roofline max(a, b*batch) 11-23%
 at first and 6-16% under them on 4 engines (it left steps at batch 8-16 up to 13% short, where
-the kv policies run), the knee 4-10%) to them by least squares on relative error, never a
+the kv policies run), the knee within 10%) to them by least squares on relative error, never a
 negative term. `resim` replays a finished run of benchmarks/scheduler_real.py in the simulator
 on its saved calls (the cost solved again from them), cores and KV, after a change to the model
 (`--refit`: the calls timed again on fresh engines first).
