@@ -262,11 +262,11 @@ def build_json(
     predicted_detail: dict[str, dict[str, float]] | None = None,
 ) -> dict[str, Any]:
     """The `--json` object: the setting, then per policy its measured makespan (`runs`, one
-    `run_summary` per policy, its median run) and every run's ("runs_s"), the simulator's (`predicted`; None where it did not run),
-    preemptions, prefix hit rate, engine steps (`step_summary`), and KV use (mean and peak
-    over the samples, and a series of at most MAX_SERIES_POINTS), and what the simulator
-    counted beside its makespan (`predicted_detail`, `sim_detail`); "default" is the policy
-    with the lowest measured makespan."""
+    `run_summary` per policy, its median run) and every run's ("runs_s"), the simulator's
+    (`predicted`; None where it did not run), preemptions, prefix hit rate, engine steps
+    (`step_summary`), and KV use (mean and peak over the samples, and a series of at most
+    MAX_SERIES_POINTS), and what the simulator counted beside its makespan (`predicted_detail`,
+    `sim_detail`); "default" is the policy with the lowest measured makespan."""
     policies = {}
     for name, run in runs.items():
         use = [f for _, f in run["kv_samples"]]
