@@ -12,7 +12,8 @@ its own, and here its forks would take the engines' cores (4 engines on 2 cores:
 took 0.3-1.1 s, and the simulator does not model that); `--tools sandbox` runs each call in the
 real in-process sandbox, with enough slots (`--sandbox-workers`, 16) that it waits for its
 latency, not for a slot. Each engine traces its steps (`VllmStats.step_trace`): the JSON and
-the tables carry their count, mean batch and mean time, the simulator's mean batch beside it.
+the tables carry their count, mean batch and mean time, the simulator's mean batch beside it;
+`--traces FILE` appends each run's traces whole (per engine: time and requests running per step).
 Prints makespan, idle fraction, preemptions, tokens/s; `--repeats R` runs every policy R
 times, interleaved, and reports each one's median run.
 Calibration (benchmarks/scheduler_fit.py): the simulator's cost model (`sim.workload.Cost`: step =
@@ -48,6 +49,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import json
 import tempfile
 import time
 from pathlib import Path
@@ -144,6 +146,12 @@ def add_args(ap: argparse.ArgumentParser) -> None:
         help="(a): run every policy this many times, interleaved, and report each one's median "
         "makespan and its median run's counts (on a loaded CPU one run of a policy can differ "
         "from the next by up to 50%%)",
+    )
+    ap.add_argument(
+        "--traces",
+        default=None,
+        help="(a): append each run's step traces to this JSON-lines file: the policy and, per "
+        "engine, (time, requests running) at each step's output",
     )
 
 
@@ -343,6 +351,9 @@ async def _run_policies(
         traces = [e.stats.step_trace or [] for e in engines]
         for e in engines:
             e.stats.step_trace = None
+        if args.traces:
+            with open(args.traces, "a") as f:
+                f.write(json.dumps({"policy": name, "traces": traces}) + "\n")
         after = prefix_counts(engines)
         hits[id(stats)] = (
             hit_rate(before, after),
