@@ -16,9 +16,10 @@
     mi300x, the paper's, or h100), Qwen3-14B, 512 prompts x 32 rollouts, lengths up to 8K. Step cost and KV capacity come from
     spec sheets and stated assumptions (`sim.workload.gpu_cost`, `gpu_kv_tokens`), not from (a):
     (a)'s fit describes a small model on a CPU, and is printed next to them only for
-    comparison. Calibrated against (a), the simulator's makespans came within -10% to +15% of the
-    measured ones, its ratios between two policies of one run within 12%: read (b)'s figures
-    with that error. Each row is shown against the work bound (total work / total capacity),
+    comparison. Calibrated against (a), the simulator's makespans came within -14% to +17% of the
+    measured ones (its engine steps within 2.5%: the error is the fitted step cost's), its ratios
+    between two policies of one run within 12% (medians of 2-3 runs): read (b)'s figures with
+    that error. Each row is shown against the work bound (total work / total capacity),
     max(work bound, critical path: the slowest trajectory alone on an engine, tool waits
     included), the step floor, and its own start-limited bound (had every trajectory run alone
     from when it started); then what moves cost, the Spearman correlation of the predicted and
@@ -26,8 +27,8 @@
     held per tenth of the run, the last trajectory), and the issue's targets, each printed met
     or NOT met.
     Rows (`sim.policies.POLICIES`; `--policies` picks some): kv-full (the paper's reservation),
-    kv-per_turn, kv-incremental (the default), kv-predicted (incremental, new trajectories started longest
-    predicted first, from their prompt's siblings), kv-tail (kv-predicted, plus trajectories
+    kv-per_turn, kv-incremental, kv-predicted (the default: incremental, new trajectories started
+    longest predicted first, from their prompt's siblings), kv-tail (kv-predicted, plus trajectories
     predicted long moved at tool calls onto tail engines kept at a low batch), static,
     least-requests. Every row runs on each workload seed (`--sim-seeds`, default 0,1,2), then a
     summary across seeds: which engines the long trajectories land on moves least-requests' and
@@ -52,9 +53,11 @@
     KV from the third to the fifth tenth (least-requests, preempting, 0.97-1.00), then 0.68,
     0.41, 0.16 and 0.05 in the last four, while the trajectories started last run out alone:
     the drain, not the steady state, is where it falls behind the work bound. Knowing lengths
-    does not remove either tail: starting the longest predicted first (kv-predicted, or
-    `--sim-order hard-first` and `easy-last`, which replay the groups ordered in hindsight)
-    crowds the KV with long contexts early and every batch shrinks; gathering the long ones on
+    does not remove either tail: starting the longest predicted first (kv-predicted) runs larger
+    batches (49-51 against 45-46 requests a step at 1/4 scale on the H100, seeds 0-2) but its
+    makespan stays within 2% of data order's (339.8 / 323.0 / 315.0 s against 334.5 / 326.0 /
+    321.8 s), and ordering the groups in hindsight (`--sim-order hard-first` and `easy-last`)
+    crowds the KV with long contexts early; gathering the long ones on
     tail engines (kv-tail) slows them (their contexts dominate a step) and takes engines from the
     bulk of the work, and moves cost a re-prefill each. Perfect prediction alone does not help
     either: `--sim-oracle` reruns both told every trajectory's true length, and at 1/4 scale on the

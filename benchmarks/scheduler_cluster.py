@@ -266,6 +266,8 @@ def _record(
         "num_migrations": r.num_migrations,
         "num_preemptions": r.num_preemptions,
         "idle_fraction": r.idle_fraction,
+        "engine_steps": r.num_steps,
+        "mean_batch": r.num_tokens / r.num_steps if r.num_steps else 0.0,
         "mean_kv_use": r.mean_kv_use,
         "length_spearman": r.length_spearman,
         "num_predicted": r.num_predicted,

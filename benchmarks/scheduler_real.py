@@ -358,7 +358,7 @@ async def _run_policies(
         hits[id(stats)] = (
             hit_rate(before, after),
             prefilled_tokens(before, after),
-            step_summary(traces),
+            step_summary(traces, stats.num_generated_tokens),
         )
         rows.append((name, stats))
         print(f"  {name}: {stats.makespan_s:.1f} s", flush=True)

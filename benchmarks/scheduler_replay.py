@@ -164,16 +164,17 @@ def sim_detail(result: SimResult) -> dict[str, float]:
         "predicted_preemptions": float(result.num_preemptions),
         "predicted_prefilled_tokens": float(result.num_prefill_tokens),
         "predicted_mean_kv_use": result.mean_kv_use,
+        "predicted_engine_steps": result.num_steps,
         "predicted_mean_batch": mean_batch(result),
+        "predicted_mean_step_ms": 1e3 * sum(result.busy_s) / result.num_steps
+        if result.num_steps
+        else 0.0,
     }
 
 
 def mean_batch(result: SimResult) -> float:
-    """The simulated engines' mean batch, weighted by step time (as `step_summary`'s): the
-    tenths' mean batches weighted by their busy time (the tenths are equally long)."""
-    pairs = list(zip(result.busy_by_tenth, result.batch_by_tenth, strict=True))
-    busy = sum(f for f, _ in pairs)
-    return sum(f * b for f, b in pairs) / busy if busy else 0.0
+    """The simulated engines' mean batch: tokens made a step (as `step_summary`'s)."""
+    return result.num_tokens / result.num_steps if result.num_steps else 0.0
 
 
 def prefix_counts(engines: list[Any]) -> tuple[float, float]:
@@ -202,19 +203,21 @@ def prefilled_tokens(before: tuple[float, float], after: tuple[float, float]) ->
 STEP_KEYS = ("engine_steps", "mean_batch", "mean_step_ms")  # `step_summary`'s
 
 
-def step_summary(traces: list[list[tuple[float, int]]]) -> dict[str, float]:
+def step_summary(traces: list[list[tuple[float, int]]], generated_tokens: int) -> dict[str, float]:
     """The engines' steps in a run, from their step traces (`VllmStats.step_trace`, one per
-    engine): how many, the mean batch (requests running, weighted by the step's time, as
-    `sim.result.profile` weighs the simulator's) and the mean step time. A step's time is the
-    gap between its output and the one before, counted where requests were running."""
-    steps, busy_s, batch_s = 0, 0.0, 0.0
+    engine, an entry per step) and the tokens the run generated: how many steps, the mean batch
+    (tokens made a step: each running request makes one, so it counts every request a step ran,
+    those that finish in it and those that join it included, where the trace's count, taken
+    after the step, has the first gone and the second not yet in) and the mean step time (the
+    gap between a step's output and the one before, where requests were running)."""
+    steps = sum(len(trace) for trace in traces)
+    timed, busy_s = 0, 0.0
     for trace in traces:
         for (t0, running), (t1, _) in zip(trace, trace[1:], strict=False):
             if running > 0:
-                steps += 1
+                timed += 1
                 busy_s += t1 - t0
-                batch_s += (t1 - t0) * running
-    mean = (batch_s / busy_s if busy_s > 0 else 0.0, 1e3 * busy_s / steps if steps else 0.0)
+    mean = (generated_tokens / steps if steps else 0.0, 1e3 * busy_s / timed if timed else 0.0)
     return dict(zip(STEP_KEYS, (float(steps), *mean), strict=True))
 
 

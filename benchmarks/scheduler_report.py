@@ -96,7 +96,7 @@ def print_rows(records: list[dict[str, Any]], results: dict[str, SimResult]) -> 
         return "-" if x is None else f"{x:{spec}}{suffix}"
 
     header = ["policy", "makespan s", "x max bd", "x best bd", "x floor", "start bd s"]
-    header.append("idle frac")
+    header += ["idle frac", "batch"]
     header += ["preempt", "KV mean", "moves", "move work", "rho", "static/x", "least-req/x"]
     table = []
     for rec in records:
@@ -110,6 +110,7 @@ def print_rows(records: list[dict[str, Any]], results: dict[str, SimResult]) -> 
                 f"{rec['makespan_s'] / rec['step_floor_s']:.3f}",
                 f"{rec['start_bound_s']:.1f}",
                 f"{rec['idle_fraction']:.3f}",
+                f"{rec['mean_batch']:.1f}",
                 str(rec["num_preemptions"]),
                 f"{rec['mean_kv_use']:.2f}",
                 str(rec["num_migrations"]),
@@ -122,9 +123,10 @@ def print_rows(records: list[dict[str, Any]], results: dict[str, SimResult]) -> 
     print_table(header, table)
     print(
         "best bd: max(work bd, crit path, batching bd); start bd: had each trajectory run alone "
-        "from when it started; move work: re-prefill on the engine a trajectory moved to, as a "
-        "share of all engine work; rho: Spearman of the predicted and true response lengths of "
-        "each prompt's samples still unfinished when its first sample finished"
+        "from when it started; batch: tokens made an engine step; move work: re-prefill on the "
+        "engine a trajectory moved to, as a share of all engine work; rho: Spearman of the "
+        "predicted and true response lengths of each prompt's samples still unfinished when its "
+        "first sample finished"
     )
     print(
         "\nwhere the time goes: when 50/90/99% of trajectories were done; the share of the makespan"

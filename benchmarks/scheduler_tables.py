@@ -137,16 +137,25 @@ def print_replay(base: dict[str, float], sim: dict[str, float]) -> None:
 
 
 def print_detail(runs: dict[str, dict[str, Any]], sims: dict[str, SimResult]) -> None:
-    """Per policy, what the engines counted (`run_summary` rows) beside the simulator's count."""
+    """Per policy, what the engines counted (`run_summary` rows) beside the simulator's count.
+    A makespan is about its steps times their time: the steps (and the batch) test what the
+    simulator does with the workload, which the host's speed does not move; the step time
+    tests the fitted cost, which it does."""
     for name, row in runs.items():
-        batch = ""
-        if row.get("mean_batch"):  # runs before the engines traced their steps have none
-            batch = f"; mean batch {row['mean_batch']:.1f} real, {mean_batch(sims[name]):.1f} sim"
+        sim = sims[name]
+        steps = ""
+        if row.get("engine_steps"):  # runs before the engines traced their steps have none
+            sim_ms = 1e3 * sum(sim.busy_s) / sim.num_steps if sim.num_steps else 0.0
+            steps = (
+                f"; steps {row['engine_steps']:.0f} real, {sim.num_steps:.0f} sim "
+                f"({sim.num_steps / row['engine_steps']:.3f}); batch {row['mean_batch']:.2f} "
+                f"real, {mean_batch(sim):.2f} sim; step {row['mean_step_ms']:.0f} ms real, "
+                f"{sim_ms:.0f} sim ({sim_ms / row['mean_step_ms']:.3f})"
+            )
         print(
             f"  {name}: preemptions {row['preemptions']:.0f} real, "
-            f"{sims[name].num_preemptions} sim; prompt tokens computed "
-            f"{row.get('prefilled_tokens') or 0:.0f} real, {sims[name].num_prefill_tokens} sim"
-            + batch
+            f"{sim.num_preemptions} sim; prompt tokens computed "
+            f"{row.get('prefilled_tokens') or 0:.0f} real, {sim.num_prefill_tokens} sim" + steps
         )
 
 

@@ -371,6 +371,7 @@ class _Run:
             busy_s=[e.busy_s for e in engines],
             num_preemptions=sum(e.num_preemptions for e in engines),
             num_tokens=self.num_tokens,
+            num_steps=sum(e.num_steps for e in engines),
             mean_kv_use=sum(e.kv_token_s for e in engines) / capacity,
             num_migrations=sched.num_migrations,
             num_prefill_tokens=sum(e.num_prefill_tokens for e in engines),

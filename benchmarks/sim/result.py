@@ -23,6 +23,7 @@ class SimResult:
     busy_s: list[float]
     num_preemptions: int
     num_tokens: int
+    num_steps: float  # the engines' decode steps, all together (expected, with drafts)
     mean_kv_use: float
     num_migrations: int
     num_prefill_tokens: int

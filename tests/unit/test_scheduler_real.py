@@ -128,17 +128,18 @@ def test_engine_steps_are_traced_and_summed_over_the_busy_gaps():
     [(t, running)] = stats.step_trace
     assert running == 3 and t > 0
     assert stats.num_prefix_queries == 80  # the totals count either way
-    # two engines: 3 steps where requests ran (4 then 2 requests), and an idle gap not counted
+    # two engines, 6 steps: 3 timed (an output after one with requests still running), an idle
+    # gap not timed, a lone output; 30 tokens made, 5 a step
     one = [(0.0, 4), (0.1, 4), (0.2, 0), (5.0, 2), (5.4, 2)]
-    other = [(1.0, 1)]  # a lone output: no step time to measure
-    summary = step_summary([one, other])
-    assert summary["engine_steps"] == 3
+    other = [(1.0, 1)]
+    summary = step_summary([one, other], generated_tokens=30)
+    assert summary["engine_steps"] == 6
     assert abs(summary["mean_step_ms"] - 200.0) < 1e-9  # (0.1 + 0.1 + 0.4) / 3
-    assert abs(summary["mean_batch"] - (0.2 * 4 + 0.4 * 2) / 0.6) < 1e-9  # weighted by time
-    assert step_summary([[]]) == {"engine_steps": 0.0, "mean_batch": 0.0, "mean_step_ms": 0.0}
-    # the simulator's: its tenths' mean batches weighted by how busy each tenth was
-    sim = SimpleNamespace(busy_by_tenth=[1.0, 0.5, 0.0], batch_by_tenth=[6.0, 3.0, 0.0])
-    assert mean_batch(sim) == 5.0
+    assert summary["mean_batch"] == 5.0
+    assert step_summary([[]], 0) == {"engine_steps": 0.0, "mean_batch": 0.0, "mean_step_ms": 0.0}
+    # the simulator's: tokens made a step
+    assert mean_batch(SimpleNamespace(num_tokens=45, num_steps=9.0)) == 5.0
+    assert mean_batch(SimpleNamespace(num_tokens=0, num_steps=0.0)) == 0.0
 
 
 def test_build_json_shape_and_default_is_fastest():
