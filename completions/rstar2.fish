@@ -52,7 +52,7 @@ complete -c rstar2 -n '__fish_seen_subcommand_from rollout' -l ray-address -d 'R
 complete -c rstar2 -n '__fish_seen_subcommand_from rollout' -l scheduler -d 'kv (KV-cache-aware) | static | least-requests' -r -F
 complete -c rstar2 -n '__fish_seen_subcommand_from rollout' -l kv-mode -d 'kv scheduler reservation incremental (context + next step) | full (th' -r -F
 complete -c rstar2 -n '__fish_seen_subcommand_from rollout' -l kv-overcommit -d 'incremental/per_turn reserve up to this multiple of each engines KV;' -r -F
-complete -c rstar2 -n '__fish_seen_subcommand_from rollout' -l admission -d 'kv the order new trajectories start in data | predicted (longest pre' -r -F
+complete -c rstar2 -n '__fish_seen_subcommand_from rollout' -l admission -d 'kv the order new trajectories start in predicted (longest predicted ' -r -F
 complete -c rstar2 -n '__fish_seen_subcommand_from rollout' -l tail-kv-fraction -d 'kv incremental move a trajectory predicted long, at its next tool cal' -r -F
 complete -c rstar2 -n '__fish_seen_subcommand_from rollout' -l kv-cache-tokens -d 'KV cache per engine in tokens (default on a GPU, what the engines me' -r -F
 complete -c rstar2 -n '__fish_seen_subcommand_from rollout' -l tensor-parallel-size -d 'GPUs per engine (vLLM tensor parallelism)' -r -F
@@ -88,7 +88,7 @@ complete -c rstar2 -n '__fish_seen_subcommand_from filter-hard' -l ray-address -
 complete -c rstar2 -n '__fish_seen_subcommand_from filter-hard' -l scheduler -d 'kv (KV-cache-aware) | static | least-requests' -r -F
 complete -c rstar2 -n '__fish_seen_subcommand_from filter-hard' -l kv-mode -d 'kv scheduler reservation incremental (context + next step) | full (th' -r -F
 complete -c rstar2 -n '__fish_seen_subcommand_from filter-hard' -l kv-overcommit -d 'incremental/per_turn reserve up to this multiple of each engines KV;' -r -F
-complete -c rstar2 -n '__fish_seen_subcommand_from filter-hard' -l admission -d 'kv the order new trajectories start in data | predicted (longest pre' -r -F
+complete -c rstar2 -n '__fish_seen_subcommand_from filter-hard' -l admission -d 'kv the order new trajectories start in predicted (longest predicted ' -r -F
 complete -c rstar2 -n '__fish_seen_subcommand_from filter-hard' -l tail-kv-fraction -d 'kv incremental move a trajectory predicted long, at its next tool cal' -r -F
 complete -c rstar2 -n '__fish_seen_subcommand_from filter-hard' -l kv-cache-tokens -d 'KV cache per engine in tokens (default on a GPU, what the engines me' -r -F
 complete -c rstar2 -n '__fish_seen_subcommand_from filter-hard' -l tensor-parallel-size -d 'GPUs per engine (vLLM tensor parallelism)' -r -F
@@ -123,7 +123,7 @@ complete -c rstar2 -n '__fish_seen_subcommand_from eval' -l ray-address -d 'Run 
 complete -c rstar2 -n '__fish_seen_subcommand_from eval' -l scheduler -d 'kv (KV-cache-aware) | static | least-requests' -r -F
 complete -c rstar2 -n '__fish_seen_subcommand_from eval' -l kv-mode -d 'kv scheduler reservation incremental (context + next step) | full (th' -r -F
 complete -c rstar2 -n '__fish_seen_subcommand_from eval' -l kv-overcommit -d 'incremental/per_turn reserve up to this multiple of each engines KV;' -r -F
-complete -c rstar2 -n '__fish_seen_subcommand_from eval' -l admission -d 'kv the order new trajectories start in data | predicted (longest pre' -r -F
+complete -c rstar2 -n '__fish_seen_subcommand_from eval' -l admission -d 'kv the order new trajectories start in predicted (longest predicted ' -r -F
 complete -c rstar2 -n '__fish_seen_subcommand_from eval' -l tail-kv-fraction -d 'kv incremental move a trajectory predicted long, at its next tool cal' -r -F
 complete -c rstar2 -n '__fish_seen_subcommand_from eval' -l kv-cache-tokens -d 'KV cache per engine in tokens (default on a GPU, what the engines me' -r -F
 complete -c rstar2 -n '__fish_seen_subcommand_from eval' -l tensor-parallel-size -d 'GPUs per engine (vLLM tensor parallelism)' -r -F

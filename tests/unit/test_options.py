@@ -21,7 +21,7 @@ SHARED_DEFAULTS = {
     "scheduler": "kv",
     "kv_mode": "incremental",
     "kv_overcommit": 1.1,
-    "admission": "data",
+    "admission": "predicted",
     "tail_kv_fraction": None,
     "kv_cache_tokens": None,
     "tensor_parallel_size": 1,

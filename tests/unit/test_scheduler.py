@@ -450,6 +450,7 @@ def test_predicted_admission_spreads_the_first_wave_then_starts_the_longest_grou
 def _tail_setup():
     s = make(
         [2000, 2000],
+        admission="data",  # g0 g1 g2 start before x: g2 on engine 0, x on engine 1
         kv_mode="incremental",
         step_tokens=100,
         tail_kv_fraction=0.5,

@@ -34,6 +34,8 @@ COST = Cost(a_s=0.01, b_s=0.0, c_s=0.0, p_s=0.001)
 
 
 def config(**kw):
+    # data order unless a test asks for another: the expected schedules below are worked by hand
+    kw = {"admission": "data", **kw}
     return SchedulerConfig(kv_mode="incremental", step_tokens=100, kv_overcommit=1.0, **kw)
 
 
@@ -315,6 +317,8 @@ def test_kv_by_tenth_follows_the_contexts_held_and_averages_to_the_mean_kv_use()
     work = [SimTraj(100, [300], [], []), SimTraj(100, [30], [], [])]
     run = simulate(work, config(), num_engines=1, capacity_tokens=1000, max_response=400, cost=cost)
     assert run.makespan_s == pytest.approx(3.0)
+    # 300 steps, the first 30 with both: 330 tokens, 1.1 a step
+    assert run.num_steps == pytest.approx(300) and run.num_tokens == 330
     kv = run.kv_by_tenth
     assert len(kv) == 10 and sum(kv) / 10 == pytest.approx(run.mean_kv_use)
     assert max(kv) <= run.peak_kv_use
@@ -402,6 +406,7 @@ def test_speculation_shortens_a_lone_trajectory_and_its_critical_path_alike():
     assert fast.makespan_s == pytest.approx(0.1 + 40 * 0.013)
     assert slow.makespan_s == pytest.approx(0.1 + 70 * 0.011)
     assert fast.num_tokens == slow.num_tokens == 70
+    assert (fast.num_steps, slow.num_steps) == (pytest.approx(40), pytest.approx(70))
     _, path = lower_bound_s(work, num_engines=1, capacity_tokens=1000, max_response=800, cost=SPEC)
     assert path == pytest.approx(fast.makespan_s)  # alone, the run is its own critical path
 
@@ -428,7 +433,7 @@ def test_part_b_writes_each_runs_batching_bound_and_says_whether_target_1_can_be
     it, and the targets section says what it means for target 1."""
     out = tmp_path / "b.json"
     small = "--sim-engines 2 --sim-prompts 8 --sim-samples 4 --sim-max-response 1024"
-    flags = "--sim-seeds 0,1 --policies kv-incremental,least-requests --sim-partial 0"
+    flags = "--sim-seeds 0,1 --policies kv-predicted,least-requests --sim-partial 0"  # the default
     done = subprocess.run(
         [*BENCH, "--part", "b", *small.split(), *flags.split(), "--json", str(out)],
         cwd=REPO,
