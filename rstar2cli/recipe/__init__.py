@@ -120,16 +120,19 @@ def check_resume(
     path = out / "recipe.yaml"
     if not path.exists():
         return
-    changed = recipe_changes(path, recipe)
-    if changed and any((out / name).exists() for name in run_files):
+    fields = recipe_changes(path, recipe)
+    if fields and any((out / name).exists() for name in run_files):
+        shown = "; ".join(f"{k}: {a!r} in the run, {b!r} now" for k, a, b in fields[:4])
+        more = f"; also {', '.join(k for k, _, _ in fields[4:])}" if len(fields) > 4 else ""
         raise UserError(
-            f"{out} holds a run with a different recipe (sections differing: {', '.join(changed)}); "
-            "rerun with the same recipe and options to resume, or pick a new --out"
+            f"{out} holds a run with a different recipe ({shown}{more}); rerun with the same "
+            "recipe and options (--set KEY=VALUE for each, a default changed since included) to "
+            "resume, or pick a new --out"
         )
 
 
-def recipe_changes(path: str | Path, recipe: BaseModel) -> list[str]:
-    """Top-level sections where `recipe` differs from the resolved copy at `path` ([] if none).
+def recipe_changes(path: str | Path, recipe: BaseModel) -> list[tuple[str, Any, Any]]:
+    """Where `recipe` differs from the resolved copy at `path`: `field_changes` ([] if none).
 
     A file that is not a YAML mapping (empty, a list, a torn write) is a one-line `UserError`."""
     p = Path(path)
@@ -140,5 +143,16 @@ def recipe_changes(path: str | Path, recipe: BaseModel) -> list[str]:
     if not isinstance(before, dict):
         got = "an empty file" if before is None else f"a YAML {type(before).__name__}"
         raise UserError(f"{p} is not a recipe mapping: got {got}; remove it or pick a new --out")
-    now = recipe.model_dump(mode="json")
-    return sorted(k for k in set(before) | set(now) if before.get(k) != now.get(k))
+    return field_changes(before, recipe.model_dump(mode="json"))
+
+
+def field_changes(before: Any, now: Any, prefix: str = "") -> list[tuple[str, Any, Any]]:
+    """Every leaf where two resolved recipes differ, as (dotted key, before, now), in key order;
+    a key one side lacks is None there."""
+    if isinstance(before, dict) and isinstance(now, dict):
+        return [
+            change
+            for k in sorted(set(before) | set(now), key=str)
+            for change in field_changes(before.get(k), now.get(k), f"{prefix}{k}.")
+        ]
+    return [] if before == now else [(prefix.rstrip("."), before, now)]

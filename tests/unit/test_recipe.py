@@ -5,7 +5,14 @@ import yaml
 from pydantic import Field
 
 from rstar2cli.errors import UserError
-from rstar2cli.recipe import RecipeModel, dump_recipe, load_recipe, parse_sets
+from rstar2cli.recipe import (
+    RecipeModel,
+    check_resume,
+    dump_recipe,
+    field_changes,
+    load_recipe,
+    parse_sets,
+)
 
 
 class Optim(RecipeModel):
@@ -53,3 +60,21 @@ def test_missing_and_non_mapping_recipes(tmp_path):
     (tmp_path / "list.yaml").write_text("- 1\n")
     with pytest.raises(UserError, match="mapping"):
         load_recipe(tmp_path / "list.yaml", Demo)
+
+
+def test_resuming_with_another_recipe_names_each_field_that_differs(tmp_path):
+    """A run's folder keeps its resolved recipe; resumed with a recipe that differs (a default
+    changed since counts), the refusal names each differing field with both values."""
+    run = Demo(seed=1)
+    dump_recipe(run, tmp_path / "recipe.yaml")
+    check_resume(tmp_path, Demo(seed=2))  # not started (no checkpoints or metrics): no refusal
+    (tmp_path / "checkpoints").mkdir()
+    check_resume(tmp_path, Demo(seed=1))  # the same recipe resumes
+    with pytest.raises(UserError) as e:
+        check_resume(tmp_path, Demo(seed=1, optim=Optim(warmup_steps=5)))
+    assert "optim.warmup_steps: 0 in the run, 5 now" in str(e.value)
+    assert "seed" not in str(e.value)
+    assert field_changes({"a": {"b": 1, "c": 2}}, {"a": {"b": 1, "c": 3}, "d": 4}) == [
+        ("a.c", 2, 3),
+        ("d", None, 4),
+    ]
