@@ -49,7 +49,7 @@ from benchmarks.sim.bounds import Bounds, workload_bounds
 from benchmarks.sim.model import simulate
 from benchmarks.sim.partial_rollout import simulate_partial
 from benchmarks.sim.policies import default_label, sched_config, selected
-from benchmarks.sim.result import SimResult
+from benchmarks.sim.result import SimResult, mean_batch
 from benchmarks.sim.workload import (
     GPUS,
     ORDERS,
@@ -267,7 +267,7 @@ def _record(
         "num_preemptions": r.num_preemptions,
         "idle_fraction": r.idle_fraction,
         "engine_steps": r.num_steps,
-        "mean_batch": r.num_tokens / r.num_steps if r.num_steps else 0.0,
+        "mean_batch": mean_batch(r),
         "mean_kv_use": r.mean_kv_use,
         "length_spearman": r.length_spearman,
         "num_predicted": r.num_predicted,

@@ -26,7 +26,7 @@ from benchmarks.scheduler_scripted import real_workload, replay_items
 from benchmarks.sim import replay
 from benchmarks.sim.model import simulate
 from benchmarks.sim.policies import POLICIES, sched_config, selected
-from benchmarks.sim.result import SimResult
+from benchmarks.sim.result import SimResult, mean_batch, mean_step_ms
 from benchmarks.sim.workload import Cost, SimTraj
 from rstar2cli.scheduler.scheduler import SchedulerConfig
 
@@ -166,15 +166,8 @@ def sim_detail(result: SimResult) -> dict[str, float]:
         "predicted_mean_kv_use": result.mean_kv_use,
         "predicted_engine_steps": result.num_steps,
         "predicted_mean_batch": mean_batch(result),
-        "predicted_mean_step_ms": 1e3 * sum(result.busy_s) / result.num_steps
-        if result.num_steps
-        else 0.0,
+        "predicted_mean_step_ms": mean_step_ms(result),
     }
-
-
-def mean_batch(result: SimResult) -> float:
-    """The simulated engines' mean batch: tokens made a step (as `step_summary`'s)."""
-    return result.num_tokens / result.num_steps if result.num_steps else 0.0
 
 
 def prefix_counts(engines: list[Any]) -> tuple[float, float]:

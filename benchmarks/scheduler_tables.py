@@ -11,9 +11,9 @@ import argparse
 import statistics
 from typing import Any
 
-from benchmarks.scheduler_replay import Workload, mean_batch
+from benchmarks.scheduler_replay import Workload
 from benchmarks.scheduler_report import print_table
-from benchmarks.sim.result import SimResult
+from benchmarks.sim.result import SimResult, mean_batch, mean_step_ms
 
 
 def median_runs(
@@ -145,7 +145,7 @@ def print_detail(runs: dict[str, dict[str, Any]], sims: dict[str, SimResult]) ->
         sim = sims[name]
         steps = ""
         if row.get("engine_steps"):  # runs before the engines traced their steps have none
-            sim_ms = 1e3 * sum(sim.busy_s) / sim.num_steps if sim.num_steps else 0.0
+            sim_ms = mean_step_ms(sim)
             steps = (
                 f"; steps {row['engine_steps']:.0f} real, {sim.num_steps:.0f} sim "
                 f"({sim.num_steps / row['engine_steps']:.3f}); batch {row['mean_batch']:.2f} "

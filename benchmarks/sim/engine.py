@@ -65,7 +65,7 @@ class SimEngine:
     last_prefill_s: float = 0.0  # the prefill part of the step under way
     num_preemptions: int = 0
     busy_s: float = 0.0
-    num_steps: float = 0.0  # decode steps run (a macro step counts its `Cost.num_steps`)
+    num_steps: float = 0.0  # decode steps run (a macro step counts its `Cost.decode` steps)
     kv_token_s: float = 0.0  # integral of KV in use over time
     max_kv_used: int = 0
     # prefix pieces computed here (`Request.pieces`): kept, as vLLM keeps blocks every new request
@@ -157,12 +157,13 @@ class SimEngine:
         # step costs what the contexts hold, the KV what their distinct blocks hold
         read = sum(r.ctx for r in self.running)
         self.last_prefill_s = cost.p_s * prefill
-        dt = self.last_prefill_s + cost.decode_s(batch, read, k)
+        steps, decode_s = cost.decode(batch, read, k)
+        dt = self.last_prefill_s + decode_s
         for r in self.running:
             r.prefill = 0
         self.stepping = True
         self.busy_s += dt
-        self.num_steps += cost.num_steps(batch, read, k)
+        self.num_steps += steps
         kv_mean = used + batch * k / 2  # the context held over the step, on average
         self.kv_token_s += dt * kv_mean
         self.max_kv_used = max(self.max_kv_used, used + batch * k)

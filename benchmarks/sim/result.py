@@ -60,6 +60,17 @@ class SimResult:
         return self.finish_s[max(0, math.ceil(fraction * len(self.finish_s)) - 1)]
 
 
+def mean_batch(result: SimResult) -> float:
+    """The simulated engines' mean batch: tokens made a step (as scheduler_replay.step_summary
+    counts the real engines')."""
+    return result.num_tokens / result.num_steps if result.num_steps else 0.0
+
+
+def mean_step_ms(result: SimResult) -> float:
+    """The simulated engines' mean step time, ms: their busy time over their steps."""
+    return 1e3 * sum(result.busy_s) / result.num_steps if result.num_steps else 0.0
+
+
 def profile(
     engines: list[SimEngine], makespan_s: float, num_bins: int = 10
 ) -> tuple[list[float], list[float], list[float]]:

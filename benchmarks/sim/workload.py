@@ -87,20 +87,19 @@ class Cost:
             key=lambda d: self.step_s(batch, ctx_tokens, d) / self.tokens_per_step(d),
         )
 
-    def num_steps(self, batch: int, ctx_tokens: float, num_tokens: int) -> float:
-        """The steps (expected, with drafts) in which `batch` requests holding `ctx_tokens` make
-        `num_tokens` tokens each, at the draft count `draft` picks for the start."""
-        return num_tokens / self.tokens_per_step(self.draft(batch, ctx_tokens))
-
-    def decode_s(self, batch: int, ctx_tokens: float, num_tokens: int) -> float:
-        """Time for `batch` requests holding `ctx_tokens` to make `num_tokens` tokens each, at
-        the draft count `draft` picks for the start (`num_steps` steps; each step reads the
-        context as it stands, grown by `batch` x the tokens made so far)."""
+    def decode(self, batch: int, ctx_tokens: float, num_tokens: int) -> tuple[float, float]:
+        """(steps, seconds) for `batch` requests holding `ctx_tokens` to make `num_tokens` tokens
+        each, at the draft count `draft` picks for the start: the expected number of steps, each
+        reading the context as it stands, grown by `batch` x the tokens made so far."""
         d = self.draft(batch, ctx_tokens)
         per_step = self.tokens_per_step(d)
         steps = num_tokens / per_step
         growth = batch * (num_tokens - per_step) / 2  # mean context added over the steps
-        return steps * (self.step_s(batch, 0, d) + self.c_s * (ctx_tokens + growth))
+        return steps, steps * (self.step_s(batch, 0, d) + self.c_s * (ctx_tokens + growth))
+
+    def decode_s(self, batch: int, ctx_tokens: float, num_tokens: int) -> float:
+        """The seconds of `decode`."""
+        return self.decode(batch, ctx_tokens, num_tokens)[1]
 
 
 # -- the modeled hardware ----------------------------------------------------------------------

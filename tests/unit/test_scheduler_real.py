@@ -13,13 +13,13 @@ from benchmarks.scheduler_replay import (
     build_json,
     hit_rate,
     load_workload,
-    mean_batch,
     prefilled_tokens,
     prefix_counts,
     run_summary,
     step_summary,
 )
 from benchmarks.sim import replay
+from benchmarks.sim.result import mean_batch, mean_step_ms
 from rstar2cli.agent.loop import prompt_ids_for
 
 
@@ -140,6 +140,7 @@ def test_engine_steps_are_traced_and_summed_over_the_busy_gaps():
     # the simulator's: tokens made a step
     assert mean_batch(SimpleNamespace(num_tokens=45, num_steps=9.0)) == 5.0
     assert mean_batch(SimpleNamespace(num_tokens=0, num_steps=0.0)) == 0.0
+    assert mean_step_ms(SimpleNamespace(busy_s=[0.3, 0.6], num_steps=9.0)) == pytest.approx(100.0)
 
 
 def test_build_json_shape_and_default_is_fastest():
