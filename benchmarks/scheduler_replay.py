@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -108,6 +109,7 @@ def replay_in_sim(
     block_tokens: int = VLLM_CPU_BLOCK_TOKENS,
     interference: float = 0.0,
     sharing: float = 0.0,
+    names: list[str] | None = None,
 ) -> dict[str, SimResult]:
     """(a)'s scripted workload, with its real prompt and tool-chunk token counts, in the simulator
     on the fitted cost, the engines' real KV and cores: the simulated makespan of every selected
@@ -117,7 +119,8 @@ def replay_in_sim(
     vLLM's does. Tool calls take their scripted sleep (as `--tools sleep` runs them); the
     sandbox's fork and queue are not modelled. `cost` is an engine's alone on the host;
     `interference`: how much engines on other cores slow its decode, `sharing`: how much longer
-    than an even split engines on one core take (`sim.sharing.CoreShare`)."""
+    than an even split engines on one core take (`sim.sharing.CoreShare`); `names`: these
+    policies only."""
     from rstar2cli import protocol as P
     from rstar2cli.agent.loop import common_prefix, prompt_ids_for
 
@@ -137,7 +140,7 @@ def replay_in_sim(
         for item, prompt_ids in zip(work.items, prompts, strict=True)
     ]
     out = {}
-    for name in selected(args):
+    for name in names or selected(args):
         result = simulate(
             trajs,
             real_config(args, name),
@@ -196,7 +199,7 @@ def prefilled_tokens(before: tuple[float, float], after: tuple[float, float]) ->
 STEP_KEYS = ("engine_steps", "mean_batch", "mean_step_ms")  # `step_summary`'s
 
 
-def step_summary(traces: list[list[tuple[float, int]]], generated_tokens: int) -> dict[str, float]:
+def step_summary(traces: list[list[Sequence[float]]], generated_tokens: int) -> dict[str, float]:
     """The engines' steps in a run, from their step traces (`VllmStats.step_trace`, one per
     engine, an entry per step) and the tokens the run generated: how many steps, the mean batch
     (tokens made a step: each running request makes one, so it counts every request a step ran,
@@ -206,10 +209,10 @@ def step_summary(traces: list[list[tuple[float, int]]], generated_tokens: int) -
     steps = sum(len(trace) for trace in traces)
     timed, busy_s = 0, 0.0
     for trace in traces:
-        for (t0, running), (t1, _) in zip(trace, trace[1:], strict=False):
-            if running > 0:
+        for before, after in zip(trace, trace[1:], strict=False):
+            if before[1] > 0:  # requests running after the step before
                 timed += 1
-                busy_s += t1 - t0
+                busy_s += after[0] - before[0]
     mean = (generated_tokens / steps if steps else 0.0, 1e3 * busy_s / timed if timed else 0.0)
     return dict(zip(STEP_KEYS, (float(steps), *mean), strict=True))
 

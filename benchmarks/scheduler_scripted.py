@@ -13,6 +13,7 @@ latency and prints digits sized so that its response chunk has about the recorde
 NOTE: a chunk's tokens on the engine are those of the sandbox's real answer, re-tokenized; they
 equal the recorded count only where the engine's tokenizer spells each digit as one token (the
 project's tiny tokenizer and Qwen's do) and the count exceeds the chunk's frame.
+`warm_up` puts a run's prompts in every engine's prefix cache before it is timed.
 Nothing here starts an engine. Tested in tests/unit/test_replay.py (with a fake tokenizer);
 on real engines only by the benchmark itself.
 """
@@ -233,3 +234,22 @@ def replay_items(replays: list[Replay], tokenizer: Any) -> list[dict[str, Any]]:
             }
         )
     return items
+
+
+async def warm_up(engines: list[Any], sandbox: Any, items: list[dict], tok: Any) -> None:
+    """Start the sandbox (if it runs the tools) and put every prompt in every engine's prefix
+    cache, so the first policy measured pays no start-up cost the later ones skip."""
+    from rstar2cli.agent.loop import prompt_ids_for
+    from rstar2cli.engines.base import SamplingSpec
+
+    if not isinstance(sandbox, SleepTools):
+        await sandbox.run_batch([Job("print(1)"), Job("print(2)")])
+    prompts = {i["question"]: prompt_ids_for(i["question"], tok) for i in items}
+    spec = SamplingSpec(max_tokens=1)
+    await asyncio.gather(
+        *(
+            e.generate(f"warm{j}-{k}", ids, spec)
+            for j, e in enumerate(engines)
+            for k, ids in enumerate(prompts.values())
+        )
+    )

@@ -53,12 +53,21 @@ class VllmStats:
     num_accepted_draft_tokens: int = 0
     num_tried_draft_tokens: int = 0
     # a list to have every step appended to it: (monotonic s when its output arrived, requests
-    # running); None (the default): no trace
-    step_trace: list[tuple[float, int]] | None = None
+    # running after it, tokens it made, prompt tokens it computed, KV in use after it as a
+    # fraction); None (the default): no trace
+    step_trace: list[tuple[float, int, int, int, float]] | None = None
 
     def record(self, scheduler_stats: Any, iteration_stats: Any) -> None:
         if scheduler_stats is not None and self.step_trace is not None:
-            self.step_trace.append((time.monotonic(), scheduler_stats.num_running_reqs))
+            self.step_trace.append(
+                (
+                    time.monotonic(),
+                    scheduler_stats.num_running_reqs,
+                    getattr(iteration_stats, "num_generation_tokens", 0),
+                    getattr(getattr(iteration_stats, "prompt_token_stats", None), "computed", 0),
+                    scheduler_stats.kv_cache_usage,
+                )
+            )
         if scheduler_stats is not None:
             spec = scheduler_stats.spec_decoding_stats
             if spec is not None:

@@ -115,7 +115,12 @@ def test_run_summary_hit_rate_and_prefix_counts():
 
 
 def test_engine_steps_are_traced_and_summed_over_the_busy_gaps():
-    from vllm.v1.metrics.stats import PrefixCacheStats, SchedulerStats
+    from vllm.v1.metrics.stats import (
+        IterationStats,
+        PrefixCacheStats,
+        PromptTokenStats,
+        SchedulerStats,
+    )
 
     from rstar2cli.engines.vllm_args import VllmStats
 
@@ -124,10 +129,15 @@ def test_engine_steps_are_traced_and_summed_over_the_busy_gaps():
     step.prefix_cache_stats = PrefixCacheStats(queries=40, hits=32, preempted_queries=9)
     stats.record(step, None)  # not traced: no list to append to
     stats.step_trace = []
-    stats.record(step, None)
-    [(t, running)] = stats.step_trace
-    assert running == 3 and t > 0
-    assert stats.num_prefix_queries == 80  # the totals count either way
+    stats.record(step, None)  # no iteration stats: no tokens counted
+    made = IterationStats()
+    made.num_generation_tokens = 3
+    made.prompt_token_stats = PromptTokenStats(computed=17, total=49)
+    stats.record(step, made)
+    [(t, running, tokens, prompt, kv), later] = stats.step_trace
+    assert running == 3 and t > 0 and (tokens, prompt, kv) == (0, 0, 0.5)
+    assert later[1:] == (3, 3, 17, 0.5) and later[0] >= t
+    assert stats.num_prefix_queries == 120  # the totals count either way
     # two engines, 6 steps: 3 timed (an output after one with requests still running), an idle
     # gap not timed, a lone output; 30 tokens made, 5 a step
     one = [(0.0, 4), (0.1, 4), (0.2, 0), (5.0, 2), (5.4, 2)]
@@ -287,12 +297,12 @@ def test_engines_timed_at_once_share_no_core_and_unbound_ones_share_one():
 
 
 def test_calibration_passes_span_the_policy_runs():
-    from benchmarks.scheduler_real import _calibration_slots
+    from benchmarks.scheduler_beside import calibration_slots
 
-    assert _calibration_slots(5, 3) == [0, 2, 5]  # before the first, between, after the last
-    assert _calibration_slots(10, 4) == [0, 3, 7, 10]
-    assert _calibration_slots(5, 1) == [0]
-    assert _calibration_slots(5, 0) == []
+    assert calibration_slots(5, 3) == [0, 2, 5]  # before the first, between, after the last
+    assert calibration_slots(10, 4) == [0, 3, 7, 10]
+    assert calibration_slots(5, 1) == [0]
+    assert calibration_slots(5, 0) == []
 
 
 def test_a_cost_timed_with_every_core_busy_is_cheaper_alone_but_its_prefill_is_not():
