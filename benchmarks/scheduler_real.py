@@ -147,10 +147,11 @@ def add_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument(
         "--speed-probes",
         type=int,
-        default=2,
+        default=0,
         help="(a): before every run without a calibration pass before it, and after the last, "
         "time a few of its calls this many times (about a minute): the host's speed beside every "
-        "run, at which the simulator predicts it again (benchmarks/scheduler_beside.py); 0: none",
+        "run, at which the simulator predicts it again (benchmarks/scheduler_beside.py; on the "
+        "SFT replay the probes' speed did not follow the runs', and the predictions were worse)",
     )
     ap.add_argument(
         "--refit",
