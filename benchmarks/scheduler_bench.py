@@ -17,7 +17,8 @@
     spec sheets and stated assumptions (`sim.workload.gpu_cost`, `gpu_kv_tokens`), not from (a):
     (a)'s fit describes a small model on a CPU, and is printed next to them only for
     comparison. Calibrated against (a), the simulator's makespans came within -14% to +17% of the
-    measured ones (its engine steps within 2.5%: the error is the fitted step cost's), its ratios
+    measured ones (-3% to +10% on the latest two runs, all six policies; its engine steps within
+    4%: the error is the step cost's, on engines that share a core, and the host's), its ratios
     between two policies of one run within 12% (medians of 2-3 runs): read (b)'s figures with
     that error. Each row is shown against the work bound (total work / total capacity),
     max(work bound, critical path: the slowest trajectory alone on an engine, tool waits
