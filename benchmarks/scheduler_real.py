@@ -33,9 +33,10 @@ the measured and simulated makespan, preemptions, prefix-cache hit rate, prompt 
 the engines' KV use over time, the fit, and "default": the fastest measured policy
 (benchmarks/scheduler_replay.py; the tables: scheduler_tables.py). `--resim FILE` replays a finished
 run in the simulator only (after a change to the model), `--refit` with it fits the cost again
-first. The host's speed drifts over a run (one policy's makespan moved 17% between rounds): a speed
-probe beside every run (`--speed-probes`) lets the simulator predict each run again at the speed
-the host had then (benchmarks/scheduler_beside.py). SmolLM2 on a replay, the KV small enough to bind (at least max_model_len, printed):
+first. The simulator also predicts each run again at the host's speed beside it, from the passes
+on either side and `--speed-probes` (benchmarks/scheduler_beside.py; the probes did not track the
+runs, so they are off by default). SmolLM2 on a replay, the KV small enough to bind (at least
+max_model_len, printed):
     python -m benchmarks.sim.replay --records rollout.jsonl --out w.json  # or --from-sim ...
     python -m benchmarks.scheduler_bench --part a --model models/smollm2-135m-instruct \
         --replay w.json --kv-cache-tokens 4096 --engines 2 --json real2.json \
