@@ -113,6 +113,21 @@ def cost_json(cost: Cost) -> dict[str, Any]:
     return {k: getattr(cost, k) for k in ("a_s", "b_s", "c_s", "p_s", "knee")}
 
 
+def fit_json(fit: Fit, capacity_tokens: list[int]) -> dict[str, Any]:
+    """The fit as the `--json` file keeps it (and `sim_at_speed` reads it), with the engines'
+    KV capacity the run reported."""
+    return {
+        "points": fit.points,
+        "max_rel_error": fit.max_rel_error,
+        "engines": fit.engines,
+        "engine_cores": fit.engine_cores,
+        "capacity_tokens": capacity_tokens,
+        "block_tokens": fit.block_tokens,
+        "interference": fit.interference,
+        "sharing": fit.sharing,
+    }
+
+
 def disjoint_engines(cores: list[tuple[int, ...]]) -> list[int]:
     """Engines, first first, of which no two share a core (engines with no cores named: the
     first alone, since they share every core)."""
@@ -157,7 +172,7 @@ class Calibration:
         engines share cores, on every engine at once (`Fit.sharing`)."""
         walls = {}
         for call in self.plan:
-            each = await asyncio.gather(*(self._one(self.engines[i], *call) for i in self.timed))
+            each = await self._at_once(call)
             walls[call] = sum(each) / len(each)
             self.walls[call].append(walls[call])
             if len(self.timed) > 1 and call[1] == 32:  # decode: 32-token prompts, 48 new
@@ -175,14 +190,13 @@ class Calibration:
         quarter of a whole one's time (61 s against 239 s); the fit does not use it."""
         walls = {}
         for call in self.probe:
-            each = [
-                statistics.mean(
-                    await asyncio.gather(*(self._one(self.engines[i], *call) for i in self.timed))
-                )
-                for _ in range(repeats)
-            ]
+            each = [statistics.mean(await self._at_once(call)) for _ in range(repeats)]
             walls[call] = statistics.mean(each)
         self.passes.append(walls)
+
+    async def _at_once(self, call: tuple[int, int, int, int]) -> list[float]:
+        """`call` on every timed engine at once: each one's wall."""
+        return list(await asyncio.gather(*(self._one(self.engines[i], *call) for i in self.timed)))
 
     def fit(self) -> Fit:
         """The cost fitted to each call's median wall (`solve_cost`)."""

@@ -73,6 +73,7 @@ from benchmarks.scheduler_fit import (
     Fit,
     alone_cost,
     cost_json,
+    fit_json,
     print_fit,
     resim,
 )
@@ -206,16 +207,7 @@ def run(args: argparse.Namespace) -> None:
             runs=runs,
             predicted=sim,
             predicted_detail={name: sim_detail(r) for name, r in sims.items()},
-            fit={
-                "points": fit.points,
-                "max_rel_error": fit.max_rel_error,
-                "engines": fit.engines,
-                "engine_cores": fit.engine_cores,
-                "capacity_tokens": rows[0][1].capacity_tokens,
-                "block_tokens": fit.block_tokens,
-                "interference": fit.interference,
-                "sharing": fit.sharing,
-            },
+            fit=fit_json(fit, rows[0][1].capacity_tokens),
         )
         for name, row in data["policies"].items():
             row |= at_speed[name]
@@ -300,13 +292,7 @@ async def run_real(
             tok=tok,
             args=args,
             cost=alone_cost(fit.cost, fit.interference),
-            fit={
-                "interference": fit.interference,
-                "sharing": fit.sharing,
-                "capacity_tokens": rows[0][1].capacity_tokens,
-                "engine_cores": fit.engine_cores,
-                "block_tokens": fit.block_tokens,
-            },
+            fit=fit_json(fit, rows[0][1].capacity_tokens),
         )
         sim = sim_at(None, 1.0)
         passes = pass_speeds(cal.passes)
