@@ -8,7 +8,7 @@ it does not, so they tear their interpreters down first (what every engine did b
 two alternate for `--repeats` rounds; the medians and their ratio are printed, and vLLM's
 "force killing" warning is counted (the engine core killed after its 5 s grace).
 
-    python -m benchmarks.engine_shutdown            # ~4 min on 2 cores
+    python -m benchmarks.engine_shutdown            # ~5 min on 2 cores
 """
 
 from __future__ import annotations
