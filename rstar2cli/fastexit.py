@@ -28,18 +28,15 @@ import os
 import sys
 from typing import Any
 
-VLLM_PROCESS_PREFIXES = ("EngineCore", "VllmWorker-")  # vLLM's names for its processes
+from rstar2cli.procguard import VLLM_WORKER_PREFIX, spawned_as
+
+VLLM_ENGINE_CORE_PREFIX = "EngineCore"  # vLLM's name for its engine-core processes
 
 
 def end_vllm_children_without_teardown() -> None:
     """In a vLLM engine-core or worker process: exit with the process's status once every exit
     handler has run, skipping the interpreter's teardown. Anywhere else: nothing."""
-    # NOTE: a spawned process has multiprocessing loaded before its main module; one that has
-    # not is no vLLM process, and `rstar2 --help` is spared the import
-    multiprocessing = sys.modules.get("multiprocessing")
-    if multiprocessing is None:
-        return
-    if not multiprocessing.current_process().name.startswith(VLLM_PROCESS_PREFIXES):
+    if not spawned_as(VLLM_ENGINE_CORE_PREFIX, VLLM_WORKER_PREFIX):
         return
     from multiprocessing.process import BaseProcess
 

@@ -136,14 +136,19 @@ def leave_sigterm_to_the_engine_core() -> None:
     the step first and then shuts its workers down through their parent-death pipe, waiting 5 s
     before it kills them (its SIGTERM in between is ignored too), so the worker need not act on
     the signal itself; if the engine core is killed outright, the same pipe ends the worker."""
-    # NOTE: a spawned process has multiprocessing loaded before its main module; one that has
-    # not is no worker, and `rstar2 --help` is spared the import
-    multiprocessing = sys.modules.get("multiprocessing")
-    if multiprocessing is None:
-        return
-    in_worker = multiprocessing.current_process().name.startswith(VLLM_WORKER_PREFIX)
-    if in_worker and threading.current_thread() is threading.main_thread():
+    if spawned_as(VLLM_WORKER_PREFIX) and threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+
+def spawned_as(*prefixes: str) -> bool:
+    """Whether multiprocessing started this process under a name beginning with one of
+    `prefixes` (vLLM names its engine core and workers)."""
+    # NOTE: a spawned process has multiprocessing loaded before its main module; one that has
+    # not was not spawned, and `rstar2 --help` is spared the import
+    multiprocessing = sys.modules.get("multiprocessing")
+    return multiprocessing is not None and multiprocessing.current_process().name.startswith(
+        prefixes
+    )
 
 
 def ray_init(**kwargs: Any) -> None:

@@ -52,6 +52,12 @@ def write_problems(path, num: int = 3) -> list[dict]:
     return train[:num]
 
 
+def rows_written(out: Path) -> int:
+    """Rows on disk while a command still appends to `out`: only lines with their newline count
+    (the last one may be half written, even mid-character)."""
+    return out.read_bytes().count(b"\n") if out.exists() else 0
+
+
 def kill_9_alone(proc: subprocess.Popen, wait_s: float = 30.0) -> tuple[list[str], list[str]]:
     """`kill -9` of the command alone (not its group), as a user or a scheduler does it.
 

@@ -20,7 +20,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from clihelpers import OFFLINE, RSTAR2, end_group, kill_9_alone, write_problems
+from clihelpers import OFFLINE, RSTAR2, end_group, kill_9_alone, rows_written, write_problems
 
 NUM_PROBLEMS, SAMPLES = 12, 16
 
@@ -30,12 +30,6 @@ def _rows(out: Path) -> list[dict]:
     if not out.exists():
         return []
     return [json.loads(line) for line in out.read_text().splitlines()]
-
-
-def _rows_written(out: Path) -> int:
-    """Rows on disk while the command still appends: only lines with their newline count (the
-    last one may be half written, even mid-character)."""
-    return out.read_bytes().count(b"\n") if out.exists() else 0
 
 
 def _interrupted_run(
@@ -52,7 +46,7 @@ def _interrupted_run(
     before = len(_rows(out))
     try:
         deadline = time.monotonic() + 400
-        while _rows_written(out) < before + 16:  # the first batch of new rows is on disk
+        while rows_written(out) < before + 16:  # the first batch of new rows is on disk
             assert proc.poll() is None, proc.communicate()[1][-3000:]
             assert time.monotonic() < deadline, "no rows written in time"
             time.sleep(0.2)
@@ -116,7 +110,7 @@ def test_kill_9_of_the_command_takes_its_engine_processes_along(tmp_path, tiny_m
         )  # fmt: skip
     try:
         deadline = time.monotonic() + 400
-        while not _rows_written(out):  # engines up, trajectories finishing
+        while not rows_written(out):  # engines up, trajectories finishing
             assert proc.poll() is None and time.monotonic() < deadline
             time.sleep(0.2)
         below, left = kill_9_alone(proc)

@@ -21,7 +21,7 @@ import signal
 import subprocess
 import time
 
-from clihelpers import OFFLINE, RSTAR2, cmdline, run_cli, write_problems
+from clihelpers import OFFLINE, RSTAR2, cmdline, rows_written, run_cli, write_problems
 from clihelpers import TRAJECTORY_KEYS as RECORD_KEYS
 
 from rstar2cli import protocol as P
@@ -140,7 +140,7 @@ def test_an_engine_core_killed_mid_run_stops_the_rollout_and_the_rerun_resumes(
     )
     try:
         deadline = time.monotonic() + 300
-        while not (out.exists() and out.read_bytes().count(b"\n") >= 1):
+        while not rows_written(out):
             assert proc.poll() is None and time.monotonic() < deadline, "no trajectory written"
             time.sleep(0.1)
         (core,) = [p for p in descendants(proc.pid) if cmdline(p).startswith("VLLM::EngineCore")]
