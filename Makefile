@@ -6,7 +6,8 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: install test test-unit lint bench quickstart completions clean smollm2 gpu-wheels gpu-smoke
+.PHONY: install test test-unit lint bench quickstart completions docs docs-ref clean smollm2 gpu-wheels \
+	gpu-smoke
 
 install: $(STAMP)
 
@@ -53,6 +54,16 @@ $(SMOLLM2_DIR)/config.json: | $(STAMP)
 completions: install
 	$(BIN)/python -m rstar2cli.completions completions
 
+# the documentation site (mkdocs.yml, docs/) into site/; --strict: a warning (a broken link or
+# anchor, a page missing from the nav) fails the build
+docs: install
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
+
+# the generated reference pages (CLI, recipe keys, record fields): rerun after changing an
+# option, a recipe field or a record field; tests/cli/test_docs.py fails while they are stale
+docs-ref: install
+	$(BIN)/python -m rstar2cli.docs_ref docs/reference
+
 # GPU smoke (tests/gpu/smoke.py) on a machine whose image has torch (CUDA), transformers and
 # accelerate but no vLLM, DeepSpeed or Ray: `make gpu-wheels` here (network), carry GPU_WHEELS,
 # then `make gpu-smoke` there (no network). The wheels: DeepSpeed built without ops (pure
@@ -90,4 +101,4 @@ gpu-smoke:
 		--out $(SMOKE_OUT)
 
 clean:
-	rm -rf $(VENV) quickstart_out .pytest_cache
+	rm -rf $(VENV) quickstart_out .pytest_cache site
