@@ -83,11 +83,34 @@ def render_cli() -> str:
         "```text\nrstar2 [--version] [--debug] COMMAND [OPTIONS]\n```\n\n",
         table(("option", "what it does"), [_root_row(p) for p in _options(group)]),
     ]
+    out.append(_shared_defaults(group))
     for name, command in getattr(group, "commands", {}).items():
         if not command.hidden:
             out.append(_command_section(name, command))
     out.append(_sandboxd_section())
     return "".join(out)
+
+
+ROLLOUT_COMMANDS = ("rollout", "eval", "filter-hard")
+
+
+def _shared_defaults(group: Any) -> str:
+    """The options the rollout commands share whose defaults differ between them."""
+    commands = [group.commands[name] for name in ROLLOUT_COMMANDS]
+    by_name = [{p.opts[0]: p for p in _options(c)} for c in commands]
+    rows = []
+    for name in by_name[0]:
+        if all(name in options for options in by_name):
+            defaults = tuple(_default(options[name]) for options in by_name)
+            if len(set(defaults)) > 1 and "required" not in defaults:  # not --model, --data
+                rows.append((code(name), *defaults))
+    return (
+        "\n## Defaults of the rollout commands\n\n"
+        "`rollout`, `eval` and `filter-hard` run one rollout job each, "
+        "and share its options by name. "
+        "Their defaults differ by design: `eval` follows the paper's evaluation protocol, "
+        "and the other two its RL rollouts.\n\n" + table(("option", *ROLLOUT_COMMANDS), rows)
+    )
 
 
 def _options(command: Any) -> list[Any]:
@@ -140,7 +163,9 @@ def _default(param: Any) -> str:
             return code(param.opts[0] if on else param.secondary_opts[0])
         return "on" if on else "off"
     if default is None or default == "" or not param.show_default or param.multiple:
-        return ""
+        # NOTE: an option whose default is resolved at run time says its default in its help
+        stated = re.search(r"\(default: (\d[\d.]*)\b", param.help or "")
+        return code(stated.group(1)) if stated else ""
     return code(str(default))
 
 
