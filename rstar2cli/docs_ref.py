@@ -78,9 +78,9 @@ def render_cli() -> str:
         HEADER.format(source="the Typer app in rstar2cli/cli.py"),
         "# CLI reference\n\n",
         paragraphs(group.help or "") + "\n\n",
-        "Every command prints the same text with `rstar2 COMMAND --help`. ",
-        "Options go after the command; `--debug` may go anywhere on the line.\n\n",
-        "```text\nrstar2 [--version] [--debug] COMMAND [OPTIONS]\n```\n\n",
+        "`rstar2 --help` lists the commands, and `--help` after a command prints its options. ",
+        "A command's options go after its name. ",
+        "The two options below go before it, but `--debug` is taken anywhere on the line.\n\n",
         table(("option", "what it does"), [_root_row(p) for p in _options(group)]),
     ]
     out.append(_shared_defaults(group))
@@ -126,7 +126,7 @@ def _command_section(name: str, command: Any) -> str:
     return (
         f"\n## rstar2 {name}\n\n"
         + paragraphs(command.help or "")
-        + f"\n\n```text\nrstar2 {name} [OPTIONS]\n```\n\n"
+        + "\n\n"
         + table(("option", "value", "default", "what it does"), rows)
     )
 
