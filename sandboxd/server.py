@@ -369,6 +369,10 @@ def _bounded(kind: type, low: float, high: float | None = None) -> Callable[[str
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    return build_parser().parse_args(argv)
+
+
+def build_parser() -> argparse.ArgumentParser:
     """The daemon's options, with the bounds `rstar2 serve-sandbox` gives the same ones."""
     script = os.path.basename(sys.argv[0])
     p = _OneLineParser(
@@ -440,7 +444,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         metavar="PID",
         help="drain and exit when process PID (the parent that started the daemon) dies",
     )
-    return p.parse_args(argv)
+    return p
 
 
 def config_from_args(args: argparse.Namespace) -> PoolConfig:
