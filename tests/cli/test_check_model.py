@@ -41,14 +41,24 @@ def _check(*args: str):
     return CliRunner().invoke(app, ["check-model", *args])
 
 
-def _rows(output: str) -> dict[str, str]:
-    """check name -> status, read from the printed table."""
-    rows = {}
+def _table(output: str) -> dict[str, tuple[str, str]]:
+    """check name -> (status, detail), read from the printed table (a detail may wrap)."""
+    rows: dict[str, tuple[str, str]] = {}
+    name = ""
     for line in output.splitlines():
-        cells = [c.strip() for c in line.strip("│ ").split("│")]
-        if len(cells) == 3 and cells[1] in ("ok", "note", "problem"):
-            rows[cells[0]] = cells[1]
+        cells = [c.strip() for c in line.strip().strip("│").split("│")]
+        if len(cells) != 3 or cells == ["check", "status", "detail"]:
+            continue
+        if cells[0]:
+            name = cells[0]
+            rows[name] = (cells[1], cells[2])
+        elif name:
+            rows[name] = (rows[name][0], f"{rows[name][1]} {cells[2]}")
     return rows
+
+
+def _rows(output: str) -> dict[str, str]:
+    return {name: status for name, (status, _) in _table(output).items()}
 
 
 def test_the_tiny_model_passes_against_its_recipe(tiny_model_dir):
@@ -76,20 +86,19 @@ def test_a_budget_beyond_the_context_is_one_problem_line(tiny_model_dir):
     assert "needs 14336 tokens" in lines[0] and "4096 positions" in lines[0]
 
 
-def test_smollm2_renders_the_protocol_and_fits_its_recipes():
+def test_smollm2_renders_the_protocol_and_fits_its_sft_recipe():
     if not (SMOLLM2_DIR / "config.json").is_file():
         if os.environ.get("CI"):
             pytest.fail("SmolLM2 not built: `make test` runs `make smollm2` first")
         pytest.skip("SmolLM2 not built: run `make smollm2`")
-    from rstar2cli.model_check import Budget, check_model_dir
-
-    # the budget of recipes/pretrained/rl.yaml, the one the quickstart runs SmolLM2 with
-    budget = Budget(source="rl.yaml", need_tokens=896, what="512 + 384", max_prompt_tokens=512)
-    checks = {c.name: c for c in check_model_dir(SMOLLM2_DIR, template="paper", budget=budget)}
-    assert {name: c.status for name, c in checks.items()} == dict.fromkeys(checks, "ok")
+    recipe = REPO / "recipes" / "pretrained" / "sft.yaml"  # an SFT recipe: data.max_seq_len
+    result = _check(str(SMOLLM2_DIR), "--recipe", str(recipe))
+    assert result.exit_code == 0, result.output
+    table = _table(result.stdout)
+    assert {status for status, _ in table.values()} == {"ok"} and len(table) == 7
     # its ChatML has no tool role: the protocol's tool response is a user turn
-    assert "a user message holding <tool_response>" in checks["tool turn"].detail
-    assert "8192 positions" in checks["config"].detail
+    assert table["tool turn"][1].endswith("as a user message holding <tool_response>")
+    assert table["context"][1].startswith("1024 of 8192 positions (data.max_seq_len 1024,")
 
 
 def test_a_template_that_drops_earlier_reasoning_is_not_append_only(tiny_model_dir, tmp_path):
