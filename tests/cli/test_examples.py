@@ -486,3 +486,27 @@ def test_the_pipeline_passes_the_token_with_every_sandbox(tmp_path):
         if "--sandbox" in argv:
             assert argv[argv.index("--sandbox-token-file") + 1] == token, argv
     assert sum("--sandbox" in argv for argv in rstar2) == 5
+
+
+def test_every_named_benchmark_module_exists():
+    """`python -m benchmarks.X` and `benchmarks/X.py` in the docs, recipes, examples and code
+    name modules that exist (they moved once: benchmarks/scheduler_*.py -> benchmarks/scheduler/)."""
+    sources = [
+        REPO / "README.md",
+        *(REPO / "docs").rglob("*.md"),
+        *(REPO / "recipes").rglob("*"),
+        *EXAMPLES.rglob("*"),
+        *(REPO / "rstar2cli").rglob("*.py"),
+        *(REPO / "benchmarks").rglob("*.py"),
+        REPO / "Makefile",
+    ]
+    missing = []
+    for path in (p for p in sources if p.is_file()):
+        text = path.read_text()
+        for m in re.finditer(r"python -m (benchmarks(?:\.\w+)+)|\b(benchmarks(?:/\w+)+\.py)", text):
+            module = m.group(1)
+            file = Path(m.group(2)) if m.group(2) else Path(*module.split(".")).with_suffix(".py")
+            if not (REPO / file).is_file():
+                line = text.count("\n", 0, m.start()) + 1
+                missing.append(f"{path.relative_to(REPO)}:{line}: {m.group(0)}")
+    assert missing == []
