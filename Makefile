@@ -35,7 +35,7 @@ lint: install
 bench: install
 	$(BIN)/python -m benchmarks.sandbox
 	$(BIN)/python -m benchmarks.grading
-	$(BIN)/python -m benchmarks.scheduler_bench
+	$(BIN)/python -m benchmarks.scheduler.bench
 	$(BIN)/python -m benchmarks.weight_sync_speed
 	$(BIN)/python -m benchmarks.train_memory
 

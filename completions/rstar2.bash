@@ -8,11 +8,12 @@ _rstar2() {
         case "$w" in -*) ;; *) cmd="$w"; break ;; esac
     done
     if [[ -z "$cmd" ]]; then
-        COMPREPLY=( $(compgen -W "prepare-data sft-coldstart serve-sandbox rollout rl-stage filter-hard eval quickstart --version --debug --help" -- "$cur") )
+        COMPREPLY=( $(compgen -W "prepare-data check-model sft-coldstart serve-sandbox rollout rl-stage filter-hard eval quickstart --version --debug --help" -- "$cur") )
         return
     fi
     case "$cmd" in
         prepare-data) opts="--source --out --config --split --question-field --answer-field --integer-only --dedupe --no-dedupe --decontaminate --synthetic --num --seed --rejects --force --help" ;;
+        check-model) opts="--recipe --help" ;;
         sft-coldstart) opts="--recipe --set --out --model --help" ;;
         serve-sandbox) opts="--host --port --workers --timeout-s --memory-mb --max-output-bytes --max-procs --disk-mb --max-queue --max-request-output-mb --idle-timeout-s --preload --token-file --insecure-no-auth --help" ;;
         rollout) opts="--model --data --out --samples --engines --engine --sandbox --sandbox-token-file --ray-address --scheduler --kv-mode --kv-overcommit --admission --tail-kv-fraction --kv-cache-tokens --tensor-parallel-size --speculative --max-turns --max-response-tokens --temperature --top-p --seed --template --max-tool-output-chars --tool-timeout --help" ;;

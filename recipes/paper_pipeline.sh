@@ -4,12 +4,17 @@
 #   -> stage 2 (12K) -> filter-hard (8 samples per problem with the stage-2 model, drop the ones
 #   solved 8/8) -> stage 3 (12K, the hard problems, a fresh optimizer) -> evaluation (avg@16).
 #
-# Run it from anywhere on the Ray head node, with the sandbox daemons already up on the CPU nodes
-# (`rstar2 serve-sandbox --host 0.0.0.0 --port 8080`), e.g.:
+# Run it from anywhere on the Ray head node, with the sandbox daemons already up on the CPU nodes,
+# every one started with the same token file (mode 600, copied to each node):
+#   (umask 077; python -c "import secrets; print(secrets.token_urlsafe(32))" > sandbox.token)
+#   rstar2 serve-sandbox --host 0.0.0.0 --port 8080 --token-file sandbox.token
+# then, on the head node, e.g.:
 #   RL_SOURCE=my-org/math-rl-42k \
 #   SANDBOX="--sandbox http://cpu1:8080 --sandbox http://cpu2:8080" \
+#   SANDBOX_TOKEN_FILE=sandbox.token \
 #   RAY="--ray-address HEAD:6379" \
 #   bash recipes/paper_pipeline.sh
+# examples/slurm_paper_pipeline.sbatch does all of this under Slurm.
 # Each step is one `rstar2` command and the recipes hold the paper's values. Rerun the script
 # after a failure or an interrupt: finished steps are skipped and the interrupted one resumes.
 #
@@ -19,6 +24,9 @@
 #   EVAL_SETS   benchmarks (names, or local files) to decontaminate against and evaluate on
 #                                                                    [aime24 aime25 math500]
 #   SANDBOX     --sandbox URL options (empty: an in-process sandbox)                 []
+#   SANDBOX_TOKEN_FILE
+#               the token file the daemons were started with (without it the commands
+#               read $RSTAR2_SANDBOX_TOKEN)                                           []
 #   RAY         --ray-address option for the RL stages, filter-hard and eval        []
 #   SFT_LAUNCH  how the SFT ranks start: torchrun on every node, e.g. for 8 nodes of 8 GPUs
 #               "torchrun --nnodes 8 --nproc_per_node 8 --rdzv-backend c10d
@@ -36,12 +44,19 @@ RECIPES="$REPO/recipes"
 WORK="${WORK:-.}"
 EVAL_SETS="${EVAL_SETS:-aime24 aime25 math500}"
 SANDBOX="${SANDBOX:-}"
+SANDBOX_TOKEN_FILE="${SANDBOX_TOKEN_FILE:-}"
 RAY="${RAY:-}"
 SFT_LAUNCH="${SFT_LAUNCH:-torchrun --nproc_per_node 8 --no-python}"
 SFT_ARGS="${SFT_ARGS:-}"
 RL_ARGS="${RL_ARGS:-}"
 FILTER_ARGS="${FILTER_ARGS:-}"
 EVAL_ARGS="${EVAL_ARGS:-}"
+# The daemons want their token from every command that sends them tool calls (a word list, as
+# SANDBOX is: the path holds no spaces).
+if [[ -n "$SANDBOX" && -n "$SANDBOX_TOKEN_FILE" ]]; then
+  [[ "$SANDBOX_TOKEN_FILE" == /* ]] || SANDBOX_TOKEN_FILE="$PWD/$SANDBOX_TOKEN_FILE"
+  SANDBOX="$SANDBOX --sandbox-token-file $SANDBOX_TOKEN_FILE"
+fi
 mkdir -p "$WORK"
 cd "$WORK"
 

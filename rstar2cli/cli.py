@@ -11,16 +11,18 @@ otherwise (`--debug`: everything). Tested in tests/cli/.
 
 from __future__ import annotations
 
+import inspect
 import os
 import sys
 import traceback
+from collections.abc import Callable
 from typing import Any, NoReturn
 
 import typer
 
 from rstar2cli import __version__
-from rstar2cli.commands import eval as eval_command
 from rstar2cli.commands import (
+    check_model,
     filter_hard,
     prepare_data,
     quickstart,
@@ -29,6 +31,7 @@ from rstar2cli.commands import (
     serve_sandbox,
     sft_coldstart,
 )
+from rstar2cli.commands import eval as eval_command
 
 app = typer.Typer(
     name="rstar2",
@@ -63,16 +66,39 @@ def _root(
     """rstar2: prepare data, cold-start SFT, serve the sandbox, roll out, train GRPO-RoC, evaluate."""
 
 
+def _help(command: Any) -> str:
+    """A command's docstring as `--help` shows it: each paragraph one line, wrapped by the terminal.
+
+    NOTE: Typer's rich mode keeps a docstring's line breaks after its first paragraph, which cuts
+    sentences at the source's 100 columns, whatever the terminal's width. Paragraphs are separated
+    by blank lines; a line that starts with "- " stays a list item on a line of its own."""
+    paragraphs = []
+    for block in inspect.cleandoc(command.__doc__ or "").split("\n\n"):
+        lines: list[str] = []
+        for line in block.splitlines():
+            if lines and not line.startswith("- "):
+                lines[-1] += " " + line.strip()
+            else:
+                lines.append(line.strip())
+        paragraphs.append("\n".join(lines))
+    return "\n\n".join(paragraphs)
+
+
 # The command table, in pipeline order. Each module holds exactly one function and imports
 # nothing heavy at top level.
-app.command("prepare-data")(prepare_data.prepare_data)
-app.command("sft-coldstart")(sft_coldstart.sft_coldstart)
-app.command("serve-sandbox")(serve_sandbox.serve_sandbox)
-app.command("rollout")(rollout.rollout)
-app.command("rl-stage")(rl_stage.rl_stage)
-app.command("filter-hard")(filter_hard.filter_hard)
-app.command("eval")(eval_command.eval_cmd)
-app.command("quickstart")(quickstart.quickstart)
+COMMANDS: dict[str, Callable[..., Any]] = {
+    "prepare-data": prepare_data.prepare_data,
+    "check-model": check_model.check_model,
+    "sft-coldstart": sft_coldstart.sft_coldstart,
+    "serve-sandbox": serve_sandbox.serve_sandbox,
+    "rollout": rollout.rollout,
+    "rl-stage": rl_stage.rl_stage,
+    "filter-hard": filter_hard.filter_hard,
+    "eval": eval_command.eval_cmd,
+    "quickstart": quickstart.quickstart,
+}
+for _name, _function in COMMANDS.items():
+    app.command(_name, help=_help(_function))(_function)
 
 
 _TRACKER_WARNINGS_OFF = "ignore:resource_tracker:UserWarning"  # a PYTHONWARNINGS filter

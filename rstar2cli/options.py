@@ -141,9 +141,8 @@ class RolloutArgs:
         typer.Option(
             "--admission",
             metavar="ORDER",
-            help="kv: the order new trajectories start in: predicted (longest predicted first, "
-            "from their prompt's siblings; 1.08x faster than data order on real engines under "
-            "KV pressure) | data (the order of the data).",
+            help="kv: the order new trajectories start in: predicted (the longest predicted "
+            "first, from their prompt's siblings) | data (the order of the data).",
         ),
     ] = SchedulerConfig.admission
     tail_kv_fraction: Annotated[
@@ -153,8 +152,7 @@ class RolloutArgs:
             metavar="F",
             show_default=False,
             help="kv incremental: move a trajectory predicted long, at its next tool call, to a "
-            "tail engine kept under this fraction of its KV (0 < F <= 1; default off: level with "
-            "predicted admission alone on real engines, slower in the simulated cluster).",
+            "tail engine kept under this fraction of its KV (0 < F <= 1; default: off).",
         ),
     ] = SchedulerConfig.tail_kv_fraction
     kv_cache_tokens: Annotated[

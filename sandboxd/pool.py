@@ -62,6 +62,21 @@ class PoolConfig:
     preload: tuple[str, ...] = DEFAULT_PRELOAD
 
 
+def unimportable(names: tuple[str, ...]) -> list[str]:
+    """The modules of `names` this interpreter cannot find (a zygote could not preload them)."""
+    import importlib.util
+
+    missing = []
+    for name in names:
+        try:
+            found = importlib.util.find_spec(name) is not None
+        except (ImportError, ValueError):  # a missing parent package, or an empty/relative name
+            found = False
+        if not found:
+            missing.append(name)
+    return missing
+
+
 @dataclass
 class PoolStats:
     num_queued: int = 0

@@ -32,13 +32,21 @@ import os
 import signal
 import sys
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import Any, NoReturn
 
 from aiohttp import web
 
 from sandboxd import wire
 from sandboxd.auth import TokenError, auth_summary, check_bind, load_token, token_matches
-from sandboxd.pool import DEFAULT_WORKERS, LATENCY_BUCKETS_S, Pool, PoolConfig, QueueFull
+from sandboxd.pool import (
+    DEFAULT_WORKERS,
+    LATENCY_BUCKETS_S,
+    Pool,
+    PoolConfig,
+    QueueFull,
+    unimportable,
+)
 from sandboxd.wire import READY_PREFIX, Job, JobResult, ProtocolError
 
 _MAX_BODY_BYTES = 512 * 2**20
@@ -332,40 +340,84 @@ async def serve(
     await pool.close()
 
 
+class _OneLineParser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line and exit code 2, as `rstar2 serve-sandbox` has."""
+
+    def error(self, message: str) -> NoReturn:
+        _fail(f"{message} (see {self.prog} --help)")
+
+
+def _fail(message: str) -> NoReturn:
+    print(f"sandboxd: error: {message}", file=sys.stderr, flush=True)
+    sys.exit(2)
+
+
+def _bounded(kind: type, low: float, high: float | None = None) -> Callable[[str], Any]:
+    """An argparse type: `kind(text)` within [low, high], else one line saying the range."""
+
+    def parse(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a valid {kind.__name__}") from None
+        if value < low or (high is not None and value > high):
+            span = f"between {low:g} and {high:g}" if high is not None else f"at least {low:g}"
+            raise argparse.ArgumentTypeError(f"{text} is not {span}")
+        return value
+
+    return parse
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
-        prog="python -m sandboxd", description="Python tool-execution daemon."
+    return build_parser().parse_args(argv)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The daemon's options, with the bounds `rstar2 serve-sandbox` gives the same ones."""
+    script = os.path.basename(sys.argv[0])
+    p = _OneLineParser(
+        prog=script if script == "rstar2-sandboxd" else "python -m sandboxd",
+        description="Python tool-execution daemon.",
     )
     p.add_argument("--host", default="127.0.0.1", help="address to bind (loopback by default)")
-    p.add_argument("--port", type=int, default=8080, help="port (0 picks a free one)")
+    p.add_argument(
+        "--port", type=_bounded(int, 0, 65535), default=8080, help="port (0 picks a free one)"
+    )
     p.add_argument(
         "--workers",
-        type=int,
+        type=_bounded(int, 1, 256),
         default=DEFAULT_WORKERS,
         help=f"worker slots (warm zygotes), about one per core (default {DEFAULT_WORKERS})",
     )
     p.add_argument(
-        "--timeout-s", type=float, default=10.0, help="default and maximum wall time per job"
+        "--timeout-s",
+        type=_bounded(float, 0.01),
+        default=10.0,
+        help="default and maximum wall time per job",
     )
     p.add_argument(
         "--memory-mb",
-        type=int,
+        type=_bounded(int, 16),
         default=1024,
         help="memory a job may add: per process (address space) and all its processes together",
     )
-    p.add_argument("--max-output-bytes", type=int, default=1_000_000)
-    p.add_argument("--max-procs", type=int, default=64, help="processes + threads per slot")
-    p.add_argument("--disk-mb", type=int, default=64, help="private tmpfs size per slot")
-    p.add_argument("--max-queue", type=int, default=100_000)
+    p.add_argument("--max-output-bytes", type=_bounded(int, 1), default=1_000_000)
+    p.add_argument(
+        "--max-procs", type=_bounded(int, 1), default=64, help="processes + threads per slot"
+    )
+    p.add_argument(
+        "--disk-mb", type=_bounded(int, 1), default=64, help="private tmpfs size per slot"
+    )
+    p.add_argument("--max-queue", type=_bounded(int, 1), default=100_000)
     p.add_argument(
         "--max-request-output-mb",
-        type=float,
+        type=_bounded(float, 0.001),
         default=256.0,
         help="stdout + stderr of one request's jobs together; past it they come back cut",
     )
     p.add_argument(
         "--idle-timeout-s",
-        type=float,
+        type=_bounded(float, 0.01),
         default=IDLE_TIMEOUT_S,
         help="a connection must send a whole request head within this (from its opening or its "
         "last answer), and then the body within this, or it is closed / answered 408",
@@ -392,7 +444,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         metavar="PID",
         help="drain and exit when process PID (the parent that started the daemon) dies",
     )
-    return p.parse_args(argv)
+    return p
 
 
 def config_from_args(args: argparse.Namespace) -> PoolConfig:
@@ -412,19 +464,8 @@ def config_from_args(args: argparse.Namespace) -> PoolConfig:
 
 
 def main(argv: list[str] | None = None) -> None:
+    """The `rstar2-sandboxd` script: bad input is one line on stderr and exit code 2."""
     args = parse_args(argv)
-    if (
-        not 1 <= args.workers <= 256
-        or args.timeout_s <= 0
-        or args.memory_mb < 16
-        or args.max_output_bytes < 1
-        or not args.max_request_output_mb > 0
-        or not args.idle_timeout_s > 0
-    ):
-        sys.exit(
-            "sandboxd: 1 <= --workers <= 256, --timeout-s > 0, --memory-mb >= 16, "
-            "--max-output-bytes >= 1, --max-request-output-mb > 0, --idle-timeout-s > 0"
-        )
     if args.exit_with_parent is not None:
         # NOTE: a parent killed by SIGTERM/SIGKILL never runs its cleanup; the kernel's
         # parent-death signal turns that into our own graceful SIGTERM drain. Checked after
@@ -438,14 +479,20 @@ def main(argv: list[str] | None = None) -> None:
         token = load_token(args.token_file)
         check_bind(args.host, token, args.insecure_no_auth)
     except TokenError as exc:
-        sys.exit(f"sandboxd: {exc}")
-    asyncio.run(
-        serve(
-            config_from_args(args),
-            args.host,
-            args.port,
-            idle_timeout_s=args.idle_timeout_s,
-            token=token,
-            insecure_no_auth=args.insecure_no_auth,
+        _fail(str(exc))
+    config = config_from_args(args)
+    if args.preload is not None and (missing := unimportable(config.preload)):
+        _fail(f"--preload: no module named {', '.join(missing)}")
+    try:
+        asyncio.run(
+            serve(
+                config,
+                args.host,
+                args.port,
+                idle_timeout_s=args.idle_timeout_s,
+                token=token,
+                insecure_no_auth=args.insecure_no_auth,
+            )
         )
-    )
+    except OSError as exc:
+        _fail(f"cannot listen on {args.host}:{args.port}: {exc.strerror or exc}")

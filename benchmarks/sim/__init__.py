@@ -1,7 +1,7 @@
 """A discrete-event simulator of a rollout cluster, driven by the real `Scheduler`.
 
 The scheduler's defaults (`kv_mode`, `admission`, `tail_kv_fraction`, `SPECULATIVE_MAX_BATCH`)
-are argued from its numbers (benchmarks/scheduler_bench.py part (b)), so it is typed and tested
+are argued from its numbers (benchmarks/scheduler/bench.py part (b)), so it is typed and tested
 like the product. Its modules, each importing only the ones above it:
 - `workload`: the step cost model (`Cost`), the modeled GPUs, simulated trajectories
   (`SimTraj`) and the heavy-tailed workload;

@@ -3,7 +3,7 @@
 Two reference runs, neither a policy (no online scheduler knows how long a trajectory will run):
 `OracleLengths` tells the scheduler every trajectory's true length (`simulate(oracle=True)`), and
 `PeakAdmission` starts trajectories by hindsight (`simulate(peak_oracle=...)`). The latter is the
-reference row `kv-peak (oracle)` of `scheduler_bench --part b --sim-oracle`, the best use of
+reference row `kv-peak (oracle)` of `scheduler.bench --part b --sim-oracle`, the best use of
 perfect length knowledge found for the H100 case, where the KV fills. kv-incremental, told
 nothing, runs on unchanged for every request after a trajectory's first; only the starts are
 decided here:
@@ -22,7 +22,7 @@ NOTE: decoding together leaves the projection as it is (each c_i grows as each r
 it is rebuilt only when an engine's trajectories change: a start, a finish or a move. Tool pauses
 and preemptions shift it in between, and it does not count them.
 
-Measured with `PeakAdmission` (see benchmarks/scheduler_bench.py's docstring for the rows): the
+Measured with `PeakAdmission` (see benchmarks/scheduler/bench.py's docstring for the rows): the
 H100 at 1/4 scale (16 engines, 128 prompts), seed 0, the limit at 0.7 / 0.8 / 0.85 / 0.9 / 0.95 /
 1.0 / 1.2 of the KV: 1.265 / 1.163 / 1.164 / 1.153 / 1.190 / 1.268 / 1.369x max(work bound,
 critical path); 0.9 is `KV_FRACTION`. Below it KV goes unused; from 1.0 on the engines preempt

@@ -3,8 +3,8 @@
 `simulate` plays a workload (`workload.SimTraj`) through `rstar2cli.scheduler.Scheduler` on
 simulated engines (`engine.SimEngine`: continuous batching, KV, preemption, a bounded prefix
 cache); tools run on an unbounded sandbox with sampled latencies. Used by
-benchmarks/scheduler_cluster.py (part (b) of benchmarks/scheduler_bench.py) and, on part (a)'s
-scripted workload, by benchmarks/scheduler_real.py.
+benchmarks/scheduler/cluster.py (part (b) of benchmarks/scheduler/bench.py) and, on part (a)'s
+scripted workload, by benchmarks/scheduler/real.py.
 
 Each run reports its start-limited bound (had every trajectory run alone from when this run
 started it, `bounds.own_min_s`) and what moves cost: a trajectory whose request lands on another

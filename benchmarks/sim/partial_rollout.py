@@ -15,8 +15,8 @@ way trains on older tokens. Groups that finish fastest are the easy ones, so eac
 towards easier prompts than the data (not measured here).
 
 What it does not do: the training side (which groups a trainer takes, importance weights for
-the old tokens); this is a simulation for benchmarks/scheduler_bench.py part (b)
-(benchmarks/scheduler_cluster.py). Tested in tests/unit/test_scheduler_sim.py.
+the old tokens); this is a simulation for benchmarks/scheduler/bench.py part (b)
+(benchmarks/scheduler/cluster.py). Tested in tests/unit/test_scheduler_sim.py.
 """
 
 from __future__ import annotations

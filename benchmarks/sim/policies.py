@@ -1,7 +1,7 @@
 """The scheduler benchmark's policy rows, and the flags that make each row's `SchedulerConfig`.
 
-Both parts of benchmarks/scheduler_bench.py (scheduler_real.py on real engines,
-scheduler_cluster.py in simulation) run the same rows with the same scheduler flags: `POLICIES`
+Both parts of benchmarks/scheduler/bench.py (scheduler/real.py on real engines,
+scheduler/cluster.py in simulation) run the same rows with the same scheduler flags: `POLICIES`
 names the fields that make each policy, `add_scheduler_args` declares the rest, `sched_config`
 puts them together, and `default_label` is the row `SchedulerConfig()`'s defaults make (the
 issue's targets are checked on it). Nothing here runs a policy. Tested in

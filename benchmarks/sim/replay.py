@@ -1,6 +1,6 @@
 """A replay workload: multi-turn trajectories as per-turn lengths and tool latencies, one JSON file.
 
-The scheduler benchmark runs the same workload on real engines (benchmarks/scheduler_scripted.py:
+The scheduler benchmark runs the same workload on real engines (benchmarks/scheduler/scripted.py:
 each turn's length forced with `SamplingSpec.ignore_eos`, each tool call a sleep of its recorded
 latency) and in the simulator (`to_sim` -> `workload.SimTraj`). A `Replay` comes from a real
 rollout's trajectory records (`from_records`) or from the simulator's generator (`from_sim`), and

@@ -3,7 +3,7 @@
 `profile` cuts the engines' macro steps into tenths of the makespan (busy fraction, mean batch,
 KV held); `spearman_rank` scores the scheduler's sibling length predictions against the true
 lengths. Filled in by `model.simulate`; printed and written to JSON by
-benchmarks/scheduler_cluster.py and benchmarks/scheduler_report.py. Tested in
+benchmarks/scheduler/cluster.py and benchmarks/scheduler/report.py. Tested in
 tests/unit/test_scheduler_sim.py.
 """
 
@@ -61,7 +61,7 @@ class SimResult:
 
 
 def mean_batch(result: SimResult) -> float:
-    """The simulated engines' mean batch: tokens made a step (as scheduler_replay.step_summary
+    """The simulated engines' mean batch: tokens made a step (as scheduler.real_data.step_summary
     counts the real engines')."""
     return result.num_tokens / result.num_steps if result.num_steps else 0.0
 

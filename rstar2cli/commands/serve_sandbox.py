@@ -9,12 +9,11 @@ Tested in tests/sandboxd/test_serve_sandbox.py (--help, and a real serve/stop).
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import typer
 
-from sandboxd.pool import DEFAULT_WORKERS
+from sandboxd.pool import DEFAULT_WORKERS, unimportable
 
 
 def serve_sandbox(
@@ -103,8 +102,7 @@ def serve_sandbox(
     )
     if preload:
         config.preload = tuple(name.strip() for name in preload.split(",") if name.strip())
-        missing = [name for name in config.preload if not _importable(name)]
-        if missing:
+        if missing := unimportable(config.preload):
             raise UserError(f"--preload: no module named {', '.join(missing)}")
     try:
         asyncio.run(
@@ -119,10 +117,3 @@ def serve_sandbox(
         )
     except OSError as exc:
         raise UserError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
-
-
-def _importable(name: str) -> bool:
-    try:
-        return importlib.util.find_spec(name) is not None
-    except (ImportError, ValueError):  # a missing parent package, or an empty/relative name
-        return False

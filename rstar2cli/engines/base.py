@@ -86,7 +86,7 @@ class SamplingSpec:
     # NOTE: True: the engine stops neither at the model's EOS nor at any stop id (<|im_end|>
     # included), so the turn is exactly `max_tokens` long (unless the context reaches the model's
     # length): a turn of forced length, for replaying a recorded workload
-    # (benchmarks/scheduler_scripted.py).
+    # (benchmarks/scheduler/scripted.py).
     ignore_eos: bool = False
 
 

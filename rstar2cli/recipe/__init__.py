@@ -3,14 +3,17 @@
 Schemas live next to the code that uses them (sft, rl, eval) as pydantic models with
 `extra="forbid"`; this module only reads, overrides, validates and writes the resolved copy, and
 compares it with the copy an earlier run left in its folder (to refuse resuming with another recipe).
+Each problem names where its key was given (the file's line, or the `--set`), and an unknown key
+gets the nearest key of its section (difflib).
 It deliberately has no inheritance or interpolation: a recipe is the whole truth.
 Tested in tests/unit/test_recipe.py.
 """
 
 from __future__ import annotations
 
+import difflib
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, get_args
 
 import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError
@@ -69,12 +72,82 @@ def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     return merged
 
 
-def format_validation_error(source: str, exc: ValidationError) -> str:
+def format_validation_error(
+    source: str,
+    exc: ValidationError,
+    *,
+    schema: type[BaseModel] | None = None,
+    origins: dict[tuple[str, ...], str] | None = None,
+) -> str:
+    """Every problem on its own line. `origins` says where a key was given (a file line or a
+    `--set`); an unknown key gets the nearest key `schema` has in its place."""
     lines = [f"recipe {source} has {exc.error_count()} problem(s):"]
     for err in exc.errors():
-        loc = ".".join(str(x) for x in err["loc"]) or "(top)"
-        lines.append(f"  - {loc}: {err['msg']}")
+        loc = tuple(str(x) for x in err["loc"])
+        where = _origin(loc, origins or {})
+        if err["type"] == "extra_forbidden":
+            nearest = _nearest_key(schema, loc) if schema is not None else None
+            hint = f"; did you mean {nearest}?" if nearest else ""
+            lines.append(f"  - {'.'.join(loc)}: unknown key{where}{hint}")
+        else:
+            lines.append(f"  - {'.'.join(loc) or '(top)'}: {err['msg']}{where}")
     return "\n".join(lines)
+
+
+def _origin(loc: tuple[str, ...], origins: dict[tuple[str, ...], str]) -> str:
+    """' (from --set a.b=1)' or ' (line 7)' for the first given key at or under `loc`."""
+    for path, origin in origins.items():
+        if loc and path[: len(loc)] == loc:
+            return f" ({origin})"
+    return ""
+
+
+def key_origins(text: str, sets: list[str]) -> dict[tuple[str, ...], str]:
+    """Where each key path of a recipe was given: its line in the file, or the `--set` that
+    overrode it (which wins, as its value does). List items are keyed by their index."""
+    origins: dict[tuple[str, ...], str] = {}
+
+    def walk(node: yaml.Node, path: tuple[str, ...]) -> None:
+        if isinstance(node, yaml.MappingNode):
+            for key, value in node.value:
+                origins[(*path, str(key.value))] = f"line {key.start_mark.line + 1}"
+                walk(value, (*path, str(key.value)))
+        elif isinstance(node, yaml.SequenceNode):
+            for index, item in enumerate(node.value):
+                walk(item, (*path, str(index)))
+
+    root = yaml.compose(text)
+    if root is not None:
+        walk(root, ())
+    for item in sets:
+        key = tuple(p for p in item.split("=", 1)[0].strip().split(".") if p)
+        origins = {k: v for k, v in origins.items() if k[: len(key)] != key}
+        origins[key] = f"from --set {item}"
+    return origins
+
+
+def _nearest_key(schema: type[BaseModel], loc: tuple[str, ...]) -> str | None:
+    """The dotted key `schema` has nearest to `loc` (difflib), in the same section."""
+    model: Any = schema
+    for part in loc[:-1]:
+        if part.isdigit():  # a list item: its model is already the list's element type
+            continue
+        field = model.model_fields.get(part) if hasattr(model, "model_fields") else None
+        model = _section_model(field.annotation) if field is not None else None
+        if model is None:
+            return None
+    match = difflib.get_close_matches(loc[-1], list(model.model_fields), n=1, cutoff=0.6)
+    return ".".join([*loc[:-1], match[0]]) if match else None
+
+
+def _section_model(annotation: Any) -> type[BaseModel] | None:
+    """The recipe section a field holds: its model, or the model of its list's items."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in get_args(annotation):  # Optional[Section], list[Section]
+        if (found := _section_model(arg)) is not None:
+            return found
+    return None
 
 
 def load_recipe(path: str | Path, schema: type[M], sets: list[str] | None = None) -> M:
@@ -92,7 +165,9 @@ def load_recipe(path: str | Path, schema: type[M], sets: list[str] | None = None
     try:
         return schema.model_validate(data)
     except ValidationError as exc:
-        raise UserError(format_validation_error(str(p), exc)) from exc
+        origins = key_origins(p.read_text(encoding="utf-8"), sets or [])
+        message = format_validation_error(str(p), exc, schema=schema, origins=origins)
+        raise UserError(message) from exc
 
 
 def dump_recipe(recipe: BaseModel, path: str | Path) -> None:

@@ -128,7 +128,7 @@ class RolloutConfig(RecipeModel):
     kv_mode: Literal["full", "per_turn", "incremental"] = Field(
         cast(Any, SchedulerConfig.kv_mode),
         description="kv scheduler reservation: incremental (context + next step; what "
-        "benchmarks/scheduler_bench.py ranks fastest), per_turn, or full (the paper's prompt + max "
+        "benchmarks/scheduler/bench.py ranks fastest), per_turn, or full (the paper's prompt + max "
         "response).",
     )
     kv_overcommit: float = Field(

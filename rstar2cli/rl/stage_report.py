@@ -171,7 +171,7 @@ def _start_wandb(project: str, name: str, config: dict[str, Any], out: Path) -> 
         import wandb
     except ImportError as exc:
         raise UserError(
-            "log.wandb_project is set but wandb is not installed (pip install 'rstar2cli[wandb]')"
+            "log.wandb_project is set but wandb is not installed (pip install wandb)"
         ) from exc
     return wandb.init(
         project=project, name=name, config=config, dir=str(out), resume="allow", id=name

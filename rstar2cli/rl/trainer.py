@@ -12,8 +12,8 @@ collective that all ranks must enter. The rank then
    the second mini-batch on the ratio differs from 1 and the clip (eps_low, eps_high) acts; the
    entropy metric comes from this pass too (the policy before the step, as verl reports it).
    The first mini-batch needs no such pass: it is trained before any step, so its training
-   forward gives pi_old itself (detached) and the entropy (with one mini-batch, the paper's
-   setting, this saves a third of the update's work),
+   forward gives pi_old itself (detached) and the entropy (with one mini-batch, as in the tiny
+   and pretrained recipes, this saves a third of the update's work; the paper recipes use two),
 2. per mini-batch: forward each micro-batch (`rstar2cli.lm_scoring.ScoringLM`: log-probs of
    model tokens only, computed in chunks), token-level PPO-clip loss
    (`rstar2cli.rl.loss.ppo_clip_loss`) normalised by the mini-batch's model-token count over all

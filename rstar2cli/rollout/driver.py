@@ -74,7 +74,7 @@ class RolloutStats:
     @property
     def draft_acceptance(self) -> float | None:
         """The chance a draft token was accepted once the ones before it were (what
-        benchmarks/scheduler_bench.py --sim-spec takes); None: nothing was drafted."""
+        benchmarks/scheduler/bench.py --sim-spec takes); None: nothing was drafted."""
         drafted, accepted, tried = self.drafts
         return accepted / max(tried, 1.0) if drafted else None
 
@@ -155,7 +155,7 @@ async def run_rollout(
     """Roll out every item; `on_record` gets each finished trajectory record, in finish order.
 
     `make_trajectory(item, prompt_ids)` replaces `agent.loop.Trajectory` with another object of
-    the same surface (benchmarks/scheduler_bench.py plays scripted workloads through real engines).
+    the same surface (benchmarks/scheduler/bench.py plays scripted workloads through real engines).
     Partial rollout: `carried` are trajectories an earlier run cut, going on from where they stand
     (under this run's `agent_config`); once `stop_when()` is true (asked after every event), no
     request is sent, the requests and tool calls in flight are waited for (a finished trajectory

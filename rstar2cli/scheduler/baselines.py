@@ -9,7 +9,7 @@ whole budget, as `full` mode would) so statistics show how far they over-commit.
 
 What it does not do: continue started trajectories (the scheduler sends every turn back to its
 home engine). Functions over the scheduler's state, split from it for size; tested through it in
-tests/unit/test_scheduler.py and measured in benchmarks/scheduler_bench.py.
+tests/unit/test_scheduler.py and measured in benchmarks/scheduler/bench.py.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 A small synchronous state machine over `Status` (vLLM v1 style); it does no I/O and knows nothing
 about tokens' content. The async driver (`rstar2cli.rollout.driver`) and the cluster simulator
-(`benchmarks/scheduler_bench.py`) both feed it the same events:
+(`benchmarks/scheduler/bench.py`) both feed it the same events:
 
     add(key)                      -> WAITING (not started)
     schedule() -> [Dispatch]      WAITING -> RUNNING on engine k (a generate request is sent)
@@ -32,7 +32,7 @@ Predicted lengths (`kv` policy): every trajectory may name its `group` (its prom
 siblings' lengths so far predict each one's (`predict.SiblingLengths`). With `admission`
 `predicted` (the default), new trajectories start longest-predicted first (`admission.NewQueue`):
 on real engines under KV pressure that ran larger batches and finished first
-(benchmarks/scheduler_real.py; README, "The rollout scheduler on real engines"). With
+(benchmarks/scheduler/real.py; README, "The rollout scheduler on real engines"). With
 `tail_kv_fraction` set (incremental mode), a trajectory predicted long moves at its next
 tool-call boundary to a tail engine kept at a low batch (`tail.TailEngines`): level with
 predicted admission alone on real engines and behind it in the simulated cluster, so off by

@@ -13,7 +13,7 @@ batch shrinks to its long ones as the others finish.
 
 What it does not do: move anything (the scheduler does, re-prefilling the context on the new
 engine, where the engine's prefix cache keeps what it can), or take engines back. Measured in
-benchmarks/scheduler_bench.py (part b, `kv-tail`); tested in tests/unit/test_scheduler.py.
+benchmarks/scheduler/bench.py (part b, `kv-tail`); tested in tests/unit/test_scheduler.py.
 """
 
 from __future__ import annotations

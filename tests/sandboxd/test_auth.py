@@ -146,7 +146,7 @@ def test_a_non_loopback_bind_without_a_token_does_not_start(command):
         env=env,
     )
     lines = res.stderr.strip().splitlines()
-    assert res.returncode != 0 and res.stdout == "" and len(lines) == 1, res.stderr
+    assert res.returncode == 2 and res.stdout == "" and len(lines) == 1, res.stderr
     assert "refusing to serve 0.0.0.0 without a token" in lines[0]
     assert 'python -c "import secrets; print(secrets.token_urlsafe(32))"' in lines[0]
 
@@ -159,7 +159,7 @@ def test_a_world_readable_token_file_does_not_start_a_daemon(tmp_path):
         text=True,
         timeout=60,
     )
-    assert res.returncode != 0 and "chmod 600" in res.stderr and TOKEN not in res.stderr
+    assert res.returncode == 2 and "chmod 600" in res.stderr and TOKEN not in res.stderr
 
 
 # ---------------------------------------------------------------- a real daemon with a token

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import urllib.request
 
+import pytest
 from typer.testing import CliRunner
 
 from rstar2cli.cli import app
@@ -88,8 +89,15 @@ def test_ctrl_c_to_the_terminal_group_stops_quietly():
         proc.wait()
 
 
-def test_unusable_address_or_preload_is_one_line_error():
+_DAEMON_CMD = [sys.executable, "-m", "sandboxd"]  # what the rstar2-sandboxd script runs
+
+
+@pytest.mark.parametrize("daemon", [False, True], ids=["serve-sandbox", "rstar2-sandboxd"])
+def test_unusable_address_or_preload_is_one_line_error(daemon):
     import socket
+
+    def command(*args: str) -> list[str]:
+        return [*_DAEMON_CMD, *args] if daemon else _serve_cmd(*args)
 
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
@@ -100,9 +108,26 @@ def test_unusable_address_or_preload_is_one_line_error():
             (["--port", "0", "--preload", "math,no_such_module_xyz"], "no_such_module_xyz"),
             (["--port", "0", "--preload", "no_pkg_xyz.sub"], "no_pkg_xyz.sub"),
         ):
-            r = subprocess.run(_serve_cmd(*args), capture_output=True, text=True, timeout=120)
+            r = subprocess.run(command(*args), capture_output=True, text=True, timeout=120)
             lines = r.stderr.strip().splitlines()
             assert r.returncode == 2 and len(lines) == 1 and expect in lines[0], r.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "expect"),
+    [
+        (["--workers", "0"], "--workers: 0 is not between 1 and 256"),
+        (["--port", "http"], "--port: 'http' is not a valid int"),
+        (["--timeout-s", "0"], "--timeout-s: 0 is not at least 0.01"),
+        (["--no-such-option"], "unrecognized arguments: --no-such-option"),
+        (["--token-file", "/no/such/token"], "cannot read token file /no/such/token"),
+    ],
+)
+def test_the_daemon_script_says_what_is_wrong_in_one_line(args, expect):
+    r = subprocess.run([*_DAEMON_CMD, *args], capture_output=True, text=True, timeout=60)
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and r.stdout == "" and len(lines) == 1, r.stderr
+    assert lines[0].startswith("sandboxd: error: ") and expect in lines[0], lines[0]
 
 
 def test_daemon_exits_when_the_process_that_spawned_it_is_killed():

@@ -69,7 +69,7 @@ def _standalone_wants_a_token(script: Path, tmp_path: Path) -> None:
     refused = subprocess.run(
         [str(script), "--host", "0.0.0.0", "--port", "0"], capture_output=True, text=True, env=env
     )
-    assert refused.returncode != 0 and "secrets.token_urlsafe(32)" in refused.stderr
+    assert refused.returncode == 2 and "secrets.token_urlsafe(32)" in refused.stderr
     token_file = tmp_path / "sandbox.token"
     token_file.write_text("standalone-token-0123456789\n")
     token_file.chmod(0o600)

@@ -78,3 +78,42 @@ def test_resuming_with_another_recipe_names_each_field_that_differs(tmp_path):
         ("a.c", 2, 3),
         ("d", None, 4),
     ]
+
+
+class Source(RecipeModel):
+    path: str = Field(description="where")
+    weight: float = Field(1.0, description="how much")
+
+
+class Mix(RecipeModel):
+    sources: list[Source] = Field(description="what")
+
+
+def test_an_unknown_key_names_its_file_line_and_the_nearest_key(tmp_path):
+    p = tmp_path / "r.yaml"
+    p.write_text("seed: 1\noptim:\n  lr: 1.0e-5\n  warmup_step: 3\n")
+    with pytest.raises(UserError) as e:
+        load_recipe(p, Demo)
+    assert "  - optim.warmup_step: unknown key (line 4); did you mean optim.warmup_steps?" in str(
+        e.value
+    )
+    p.write_text("sources:\n  - path: a.jsonl\n    wieght: 2.0\n")
+    with pytest.raises(UserError) as e:
+        load_recipe(p, Mix)
+    assert "sources.0.wieght: unknown key (line 3); did you mean sources.0.weight?" in str(e.value)
+
+
+def test_an_unknown_key_from_set_names_the_set(tmp_path):
+    p = tmp_path / "r.yaml"
+    p.write_text("seed: 1\n")
+    with pytest.raises(UserError) as e:
+        load_recipe(p, Demo, ["optim.lrr=2.0e-6", "sede=3", "zzz.q=1"])
+    msg = str(e.value)
+    assert "optim.lrr: unknown key (from --set optim.lrr=2.0e-6); did you mean optim.lr?" in msg
+    assert "sede: unknown key (from --set sede=3); did you mean seed?" in msg
+    assert "zzz: unknown key (from --set zzz.q=1)\n" in msg + "\n"  # nothing near: no guess
+    # a --set that overrides a file's key is where a bad value came from
+    with pytest.raises(
+        UserError, match=r"seed: Input should be a valid integer.*\(from --set seed=x\)"
+    ):
+        load_recipe(p, Demo, ["seed=x"])

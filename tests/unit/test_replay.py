@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from benchmarks.scheduler_scripted import (
+from benchmarks.scheduler.scripted import (
     ScriptedTrajectory,
     SleepTools,
     chunk_digits,

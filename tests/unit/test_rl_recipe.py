@@ -199,7 +199,7 @@ def test_correction_section_and_its_check_against_the_sampling_temperature(tmp_p
     data["correction"] = {"token_is_cap": None, "mask_stale": True}
     assert load_recipe(_write(tmp_path, data), RlRecipe).correction.mask_stale
     for bad, message in [
-        ({"tis": 1}, "correction.tis: Extra inputs"),
+        ({"tis": 1}, "correction.tis: unknown key"),
         ({"bypass": True, "token_is_cap": 2.0}, "token_is_cap to null with bypass"),
     ]:
         data["correction"] = bad

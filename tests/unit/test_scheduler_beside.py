@@ -1,4 +1,4 @@
-"""Part (a)'s predictions at each run's host speed (benchmarks/scheduler_beside.py): the speed of
+"""Part (a)'s predictions at each run's host speed (benchmarks/scheduler/beside.py): the speed of
 a calibration pass and of a run, the cost scaled by it, and the simulator replaying a workload at
 it, tool sleeps unscaled."""
 
@@ -6,8 +6,8 @@ import argparse
 
 import pytest
 
-from benchmarks import scheduler_cluster, scheduler_real
-from benchmarks.scheduler_beside import (
+from benchmarks.scheduler import cluster, real
+from benchmarks.scheduler.beside import (
     beside_rows,
     pass_speeds,
     predict_beside,
@@ -15,7 +15,7 @@ from benchmarks.scheduler_beside import (
     scaled_cost,
     sim_at_speed,
 )
-from benchmarks.scheduler_replay import load_workload
+from benchmarks.scheduler.real_data import load_workload
 from benchmarks.sim import replay
 from benchmarks.sim.policies import add_scheduler_args
 from benchmarks.sim.workload import Cost
@@ -84,9 +84,9 @@ class _CharTokenizer:
 def _bench_args(*argv):
     ap = argparse.ArgumentParser()
     ap.add_argument("--part", default="a")
-    scheduler_real.add_args(ap)
+    real.add_args(ap)
     add_scheduler_args(ap)
-    scheduler_cluster.add_args(ap)
+    cluster.add_args(ap)
     return ap.parse_args(list(argv))
 
 
@@ -119,8 +119,8 @@ def test_the_simulator_at_twice_the_cost_takes_twice_as_long_less_the_tool_sleep
 
 
 def test_a_probe_goes_beside_every_run_a_pass_does_not_and_times_a_few_of_its_calls():
-    from benchmarks.scheduler_beside import timings
-    from benchmarks.scheduler_fit import calibration_plan, probe_calls
+    from benchmarks.scheduler.beside import timings
+    from benchmarks.scheduler.fit import calibration_plan, probe_calls
 
     assert timings(4, 2, probes=True) == [
         (0, "pass"),
@@ -144,7 +144,7 @@ def test_a_probe_goes_beside_every_run_a_pass_does_not_and_times_a_few_of_its_ca
 
 
 def test_the_table_sets_each_policys_median_run_against_its_median_prediction(capsys):
-    from benchmarks.scheduler_beside import print_beside
+    from benchmarks.scheduler.beside import print_beside
 
     rows = beside_rows(["a", "b", "a"], [(1.0, 100.0), (None, None), (1.1, 110.0)])
     print_beside({"a": {"runs_s": [95.0, 105.0]} | rows["a"], "b": {"runs_s": [50.0]} | rows["b"]})

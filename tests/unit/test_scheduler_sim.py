@@ -1,4 +1,4 @@
-"""The cluster simulator behind benchmarks/scheduler_bench.py part (b) (`benchmarks.sim`), on
+"""The cluster simulator behind benchmarks/scheduler/bench.py part (b) (`benchmarks.sim`), on
 tiny scripted workloads: what a move costs, what a cut (partial rollout) carries into the next
 step, and that an oracle run's scheduler is told the true lengths.
 
@@ -28,7 +28,7 @@ from benchmarks.sim.workload import GPUS, Cost, SimTraj, gpu_cost, make_workload
 from rstar2cli.scheduler.scheduler import SchedulerConfig
 
 REPO = Path(__file__).resolve().parents[2]
-BENCH = [sys.executable, "-m", "benchmarks.scheduler_bench"]
+BENCH = [sys.executable, "-m", "benchmarks.scheduler.bench"]
 
 COST = Cost(a_s=0.01, b_s=0.0, c_s=0.0, p_s=0.001)
 

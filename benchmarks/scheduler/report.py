@@ -1,12 +1,12 @@
 """The scheduler benchmark's tables, the issue's targets and part (b)'s JSON.
 
-Part (b) (benchmarks/scheduler_cluster.py) sets each simulated row against the bounds of
+Part (b) (benchmarks/scheduler/cluster.py) sets each simulated row against the bounds of
 `sim.bounds` (`print_header`, `print_rows`), sums it up across workload seeds
 (`print_across_seeds`), checks the issue's targets (`TARGETS`) on the default policy
 (`SchedulerConfig()`'s) and the other incremental rows, each printed as met or NOT met, says
 whether target 1 is within reach of any schedule (`print_reach`), and with `--json FILE` writes
 all of it as one JSON object (`write_json`). `print_table` prints both parts' tables. It runs
-nothing; the records it reads are `scheduler_cluster.run_sim`'s. Exercised by the part (b)
+nothing; the records it reads are `cluster.run_sim`'s. Exercised by the part (b)
 runs in tests/unit/test_scheduler_sim.py.
 """
 

@@ -1,4 +1,4 @@
-"""Part (b) of benchmarks/scheduler_bench.py: the simulated cluster.
+"""Part (b) of benchmarks/scheduler/bench.py: the simulated cluster.
 
 Per workload seed, every selected policy (`sim.policies.POLICIES`) runs through the simulator
 (`sim.model.simulate`, the real `Scheduler` inside); each row is set against (`sim.bounds`):
@@ -22,7 +22,7 @@ Per workload seed, every selected policy (`sim.policies.POLICIES`) runs through 
 Then the issue's targets for the default policy (`SchedulerConfig()`'s) and the other
 incremental rows; partial rollout (`sim.partial_rollout`), which trains on tokens up to a step
 old and is therefore reported apart; and, with `--json FILE`, all of it as one JSON object. The
-tables, targets and JSON are benchmarks/scheduler_report.py's. Tested at 1/32 scale in
+tables, targets and JSON are benchmarks/scheduler/report.py's. Tested at 1/32 scale in
 tests/unit/test_scheduler_sim.py.
 """
 
@@ -35,7 +35,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, NoReturn
 
-from benchmarks.scheduler_report import (
+from benchmarks.scheduler.report import (
     check_targets,
     print_across_seeds,
     print_header,

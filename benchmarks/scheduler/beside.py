@@ -1,4 +1,4 @@
-"""Part (a)'s predictions on the host's speed beside each run (benchmarks/scheduler_real.py).
+"""Part (a)'s predictions on the host's speed beside each run (benchmarks/scheduler/real.py).
 
 A 2-core host drifts: the same calibration calls took 255 s before a run of nine policy runs and
 278 s after it, and one policy's makespan moved 17% between rounds, while the simulator's engine
@@ -15,7 +15,7 @@ probes), and the predictions at their speeds were 1.00-1.24 of the measured make
 0.99-1.10 on the one fit. The probes' calls (2 engines stepping, 2 idle, a minute) need not
 see the host as a rollout on 4 engines does over 7 minutes; `--speed-probes` is off by default.
 
-What it does not do: fit the cost's shape (scheduler_fit.py does, over every pass), or correct
+What it does not do: fit the cost's shape (scheduler/fit.py does, over every pass), or correct
 for drift inside a run. Tested in tests/unit/test_scheduler_beside.py.
 """
 
@@ -26,8 +26,8 @@ import statistics
 from collections.abc import Callable
 from typing import Any
 
-from benchmarks.scheduler_replay import VLLM_CPU_BLOCK_TOKENS, Workload, replay_in_sim
-from benchmarks.scheduler_report import print_table
+from benchmarks.scheduler.real_data import VLLM_CPU_BLOCK_TOKENS, Workload, replay_in_sim
+from benchmarks.scheduler.report import print_table
 from benchmarks.sim.result import SimResult
 from benchmarks.sim.workload import Cost
 

@@ -9,10 +9,10 @@
     preemptions, tokens/s; `--repeats R` runs every policy R times and reports each one's
     median run. It fits the simulator's cost model (`sim.workload.Cost`) to timed calls on the
     same engines and replays the workload in the simulator on it: predicted against measured,
-    per policy (scheduler_real.py, the calibration and `--resim` in scheduler_fit.py; measured
+    per policy (scheduler/real.py, the calibration and `--resim` in scheduler/fit.py; measured
     results in the README, "The rollout scheduler on real engines").
-(b) Simulated cluster (`sim.model.simulate`, the real `Scheduler` inside; scheduler_cluster.py,
-    its tables, targets and JSON in scheduler_report.py): 64 engines, one per GPU (`--sim-gpu`:
+(b) Simulated cluster (`sim.model.simulate`, the real `Scheduler` inside; scheduler/cluster.py,
+    its tables, targets and JSON in scheduler/report.py): 64 engines, one per GPU (`--sim-gpu`:
     mi300x, the paper's, or h100), Qwen3-14B, 512 prompts x 32 rollouts, lengths up to 8K. Step cost and KV capacity come from
     spec sheets and stated assumptions (`sim.workload.gpu_cost`, `gpu_kv_tokens`), not from (a):
     (a)'s fit describes a small model on a CPU, and is printed next to them only for
@@ -98,40 +98,40 @@
     costs less per token than the full batch does (H100 at 0.7: 237.1 -> 186.6 s on seed 0).
     least-requests speculates too, and gains about as much. The acceptance is an input here:
     `rstar2 rollout --speculative` prints the one it measured.
-    python -m benchmarks.scheduler_bench                 # both parts (a takes minutes on 2 cores)
-    python -m benchmarks.scheduler_bench --part a --repeats 3  # each policy 3 times, interleaved; medians
-    python -m benchmarks.scheduler_bench --part b                 # simulated MI300X cluster (~30 s)
-    python -m benchmarks.scheduler_bench --part b --sim-gpu h100  # KV-bound case (minutes)
-    python -m benchmarks.scheduler_bench --part b --sim-engines 8 --sim-prompts 64  # 1/8 scale
-    python -m benchmarks.scheduler_bench --part b --sim-seeds 0  # one workload (default: seeds 0,1,2)
-    python -m benchmarks.scheduler_bench --part b --json b.json  # every number also to b.json
-    python -m benchmarks.scheduler_bench --part b --sim-oracle   # + rows told every true length
-    python -m benchmarks.scheduler_bench --part b --sim-gpu h100 --sim-engines 16 --sim-prompts 128 \
+    python -m benchmarks.scheduler.bench                 # both parts (a takes minutes on 2 cores)
+    python -m benchmarks.scheduler.bench --part a --repeats 3  # each policy 3 times, interleaved; medians
+    python -m benchmarks.scheduler.bench --part b                 # simulated MI300X cluster (~30 s)
+    python -m benchmarks.scheduler.bench --part b --sim-gpu h100  # KV-bound case (minutes)
+    python -m benchmarks.scheduler.bench --part b --sim-engines 8 --sim-prompts 64  # 1/8 scale
+    python -m benchmarks.scheduler.bench --part b --sim-seeds 0  # one workload (default: seeds 0,1,2)
+    python -m benchmarks.scheduler.bench --part b --json b.json  # every number also to b.json
+    python -m benchmarks.scheduler.bench --part b --sim-oracle   # + rows told every true length
+    python -m benchmarks.scheduler.bench --part b --sim-gpu h100 --sim-engines 16 --sim-prompts 128 \
         --policies kv-incremental,least-requests --sim-oracle --sim-partial none  # the kv-peak rows
-    python -m benchmarks.scheduler_bench --part b --sim-spec 0.5  # engines speculate at batch <= 32
+    python -m benchmarks.scheduler.bench --part b --sim-spec 0.5  # engines speculate at batch <= 32
 """
 
 from __future__ import annotations
 
 import argparse
 
-from benchmarks import scheduler_cluster, scheduler_real
+from benchmarks.scheduler import cluster, real
 from benchmarks.sim.policies import add_scheduler_args
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--part", choices=["a", "b", "both"], default="both")
-    scheduler_real.add_args(ap)
+    real.add_args(ap)
     add_scheduler_args(ap)
-    scheduler_cluster.add_args(ap)
+    cluster.add_args(ap)
     args = ap.parse_args()
     if args.repeats < 1:
         ap.error("--repeats must be >= 1")
     if args.part in ("a", "both"):
-        scheduler_real.run(args)
+        real.run(args)
     if args.part in ("b", "both"):
-        scheduler_cluster.run(args, error=ap.error)
+        cluster.run(args, error=ap.error)
 
 
 if __name__ == "__main__":
