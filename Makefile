@@ -5,9 +5,13 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
+# the suite on two pytest-xdist workers, groups longest first (tests/suiteplan.py); every test
+# over 5 s printed with its seconds; a junit report in TEST_REPORTS (git-ignored)
+TEST_REPORTS ?= .test-reports
+PYTEST_XDIST ?= -n 2 --dist loadgroup --no-loadscope-reorder
 
-.PHONY: install test test-unit lint bench quickstart completions docs docs-ref clean smollm2 gpu-wheels \
-	gpu-smoke
+.PHONY: install test test-unit test-durations lint bench quickstart completions docs docs-ref clean \
+	smollm2 gpu-wheels gpu-smoke
 
 install: $(STAMP)
 
@@ -21,10 +25,15 @@ $(STAMP): pyproject.toml
 
 # the suite's real-model test runs on SmolLM2 (tests/integration/test_smollm2.py)
 test: install smollm2
-	$(BIN)/python -m pytest -q -ra --durations=25 $(PYTEST_ARGS)
+	$(BIN)/python -m pytest $(PYTEST_XDIST) -q -ra --durations=0 --durations-min=5 \
+		--junitxml=$(TEST_REPORTS)/junit.xml $(PYTEST_ARGS)
 
 test-unit: install
-	$(BIN)/python -m pytest -q -m "unit or cli" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest $(PYTEST_XDIST) -q -m "unit or cli" $(PYTEST_ARGS)
+
+# tests/durations.json (the order `make test` starts its groups in) from the last run's report
+test-durations:
+	$(BIN)/python tests/suiteplan.py $(TEST_REPORTS)/junit.xml
 
 lint: install
 	$(BIN)/ruff check rstar2cli sandboxd tests benchmarks

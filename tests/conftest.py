@@ -1,6 +1,7 @@
-"""Shared fixtures: the tiny model (built once per session, never downloaded), repo paths, and a
-real sandbox daemon on 127.0.0.1 per module (`daemon`, for tests/sandboxd; one per module keeps
-that suite fast on two cores; tests that need special settings start their own)."""
+"""Shared fixtures: the tiny model (built once per session, never downloaded), repo paths, and
+real sandbox daemons on 127.0.0.1: `daemon` per module for tests/sandboxd (hostile snippets: a
+module's damage stays in its module), `sandbox_daemon` once per session for the commands the
+integration tests run (tests that need special settings start their own)."""
 
 from __future__ import annotations
 
@@ -9,11 +10,17 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import suiteplan  # tests/suiteplan.py
 
 # No test reports anywhere: vLLM's CUDA worker posts usage statistics unless told not to (the
 # subprocesses the tests start inherit this environment).
 os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
 os.environ.setdefault("DO_NOT_TRACK", "1")
+# NOTE: two xdist workers share two cores: one OpenMP thread per process (torch in the tests, the
+# engines, trainers and graders they start, which inherit this) instead of two threads spinning
+# against another process's two
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 REPO = Path(__file__).resolve().parents[1]
 EVAL_DATA = REPO.parent / "shared" / "data" / "eval"
@@ -22,6 +29,7 @@ EVAL_DATA = REPO.parent / "shared" / "data" / "eval"
 TIERS = ("unit", "cli", "sandboxd", "integration", "gpu")
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's, which reads the groups given here
 def pytest_collection_modifyitems(config, items):
     tests = Path(__file__).resolve().parent
     for item in items:
@@ -31,6 +39,15 @@ def pytest_collection_modifyitems(config, items):
                 f"{item.nodeid}: tests live in one of tests/{{{','.join(TIERS)}}}"
             )
         item.add_marker(folder)
+        group = suiteplan.group_of(item.nodeid, item.get_closest_marker("ray") is not None)
+        item.add_marker(pytest.mark.xdist_group(group))
+    # NOTE: with `--dist loadgroup --no-loadscope-reorder` (make test) xdist hands out the groups
+    # in this order: longest first (tests/suiteplan.py)
+    items[:] = suiteplan.longest_first(
+        items,
+        key=lambda it: (it.nodeid, it.get_closest_marker("xdist_group").args[0]),
+        durations=suiteplan.read_durations(),
+    )
 
 
 @pytest.fixture(scope="session")
@@ -113,6 +130,20 @@ def daemon() -> Iterator:
     handle = spawn_daemon(
         workers=2, timeout_s=5.0, memory_mb=256, max_output_bytes=200_000, env=env
     )
+    try:
+        yield handle
+    finally:
+        handle.stop()
+
+
+@pytest.fixture(scope="session")
+def sandbox_daemon() -> Iterator:
+    """One daemon for every integration test of a pytest process that only runs tools through it
+    (2 workers, 5 s, 512 MB, the settings a tiny run needs); never stopped or reconfigured by a
+    test."""
+    from sandboxd.spawn import spawn_daemon
+
+    handle = spawn_daemon(workers=2, timeout_s=5.0, memory_mb=512)
     try:
         yield handle
     finally:

@@ -87,6 +87,12 @@ def rl_stage(
     )
     preflight.check_rl_inputs(resolved)
     preflight.check_ray_address(ray_address)
+    preflight.check_local_speculation(
+        resolved.rollout.speculative,
+        resolved.rollout.temperature,
+        ray_address,
+        name="rollout.speculative",
+    )
     check_output_path(out)
     check_resume(out, resolved)
     if (out / "final" / "config.json").exists():

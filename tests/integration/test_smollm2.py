@@ -47,11 +47,8 @@ def smollm2_dir(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def sandbox_url():
-    from sandboxd.spawn import spawn_daemon
-
-    with spawn_daemon(workers=2, timeout_s=5.0, memory_mb=512) as daemon:
-        yield daemon.url
+def sandbox_url(sandbox_daemon):
+    return sandbox_daemon.url
 
 
 def _ok(result) -> None:

@@ -25,6 +25,8 @@ import pytest
 TOLERANCE = 1.0e-3
 NUM_STEPS = 2
 
+pytestmark = pytest.mark.ray  # a local Ray instance (tests/suiteplan.py)
+
 
 def _samples(vocab: int, step: int) -> list:
     from rstar2cli.rl.batch import TrainSample

