@@ -333,13 +333,25 @@ def test_the_calibration_plan_caches_whole_blocks_and_every_batch_fits_the_kv():
     assert (32, 800, 48, 768) in big and (32, 32, 48, 0) in big
 
 
-class _CoreEngine:
-    """A stand-in engine on one core of a host whose cores `running` tracks: a call takes
-    `step_s` per new token, times the engines stepping on its core (x 1.1 when they share it:
-    an uneven split) and x 1.05 while an engine on another core steps too."""
+class _HostClock:
+    """The time of a host that only the stand-in engines move (the calibration reads it as its
+    `perf_counter`): a call started at t ends at t + its cost, and the clock reads the latest
+    end so far, so calls started together overlap and a fit is exact whatever the load."""
 
-    def __init__(self, index, core, running):
-        self.index, self.cpu_cores, self.running = index, (core,), running
+    def __init__(self):
+        self.now = 0.0
+
+    def perf_counter(self):
+        return self.now
+
+
+class _CoreEngine:
+    """A stand-in engine on one core of a host whose cores `running` tracks: a call costs 0.8 ms
+    per new token, times the engines stepping on its core (x 1.1 when they share it: an uneven
+    split) and x 1.05 while an engine on another core steps too."""
+
+    def __init__(self, index, core, running, clock):
+        self.index, self.cpu_cores, self.running, self.clock = index, (core,), running, clock
 
     def kv_block_size_tokens(self):
         return 128
@@ -349,28 +361,35 @@ class _CoreEngine:
 
         core = self.cpu_cores[0]
         self.running.setdefault(core, set()).add(self.index)
-        await asyncio.sleep(0)  # every call of the same gather is under way before it is timed
+        start = self.clock.now
+        await asyncio.sleep(0)  # every call of the same gather is under way before it is costed
         await asyncio.sleep(0)
         mine = len(self.running[core])
         others = any(ids for c, ids in self.running.items() if c != core)
         slow = (mine * 1.1 if mine > 1 else 1.0) * (1.05 if others else 1.0)
-        await asyncio.sleep(0.0008 * spec.max_tokens * slow)
+        await asyncio.sleep(0)  # and every one has seen the others before any ends
         self.running[core].discard(self.index)
+        self.clock.now = max(self.clock.now, start + 0.0008 * spec.max_tokens * slow)
 
 
-def test_calibration_times_how_engines_on_other_cores_and_on_one_core_slow_each_other():
+def test_calibration_times_how_engines_on_other_cores_and_on_one_core_slow_each_other(
+    monkeypatch,
+):
     import asyncio
+    from types import SimpleNamespace
 
+    from benchmarks.scheduler import fit as fit_module
     from benchmarks.scheduler.fit import Calibration
 
-    running = {}
-    engines = [_CoreEngine(i, core, running) for i, core in enumerate((0, 1, 0, 1))]
+    clock, running = _HostClock(), {}
+    monkeypatch.setattr(fit_module, "time", SimpleNamespace(perf_counter=clock.perf_counter))
+    engines = [_CoreEngine(i, core, running, clock) for i, core in enumerate((0, 1, 0, 1))]
     cal = Calibration(engines, vocab=1000, max_model_len=832, kv_tokens=4096)
     asyncio.run(cal.time_pass())
     fit = cal.fit()
     assert fit.engines == [0, 1] and fit.engine_cores == [(0,), (1,), (0,), (1,)]
-    assert fit.interference == pytest.approx(0.05, abs=0.03)
-    assert fit.sharing == pytest.approx(0.1, abs=0.03)
+    assert fit.interference == pytest.approx(0.05, rel=1e-9)
+    assert fit.sharing == pytest.approx(0.1, rel=1e-9)
     # engines that own their cores: nothing shares one, nothing to time
     own = Calibration(engines[:2], vocab=1000, max_model_len=832, kv_tokens=4096)
     asyncio.run(own.time_pass())
