@@ -82,12 +82,18 @@ class LocalTrainers:
     world = 1
 
     def __init__(
-        self, model_path: str, cfg: RlTrainConfig, correction: CorrectionConfig | None = None
+        self,
+        model_path: str,
+        cfg: RlTrainConfig,
+        correction: CorrectionConfig | None = None,
+        temperature: float = 1.0,
     ):
         from rstar2cli.train_utils import init_distributed
 
         init_distributed()
-        self.trainer = PolicyTrainer(model_path, cfg, rank=0, world=1, correction=correction)
+        self.trainer = PolicyTrainer(
+            model_path, cfg, rank=0, world=1, correction=correction, temperature=temperature
+        )
         self.weight_group: Any = None
 
     def update(self, plans: list[RankPlan], tokens: list[int]) -> list[UpdateSums]:
@@ -159,6 +165,7 @@ class TrainerActor:
         master_addr: str,
         master_port: int,
         correction: CorrectionConfig | None = None,
+        temperature: float = 1.0,
     ) -> None:
         from rstar2cli.train_utils import init_distributed
 
@@ -171,7 +178,12 @@ class TrainerActor:
         )
         init_distributed()
         self.trainer = PolicyTrainer(
-            model_path, cfg, rank=self.rank, world=self.world, correction=correction
+            model_path,
+            cfg,
+            rank=self.rank,
+            world=self.world,
+            correction=correction,
+            temperature=temperature,
         )
 
     @property
@@ -225,6 +237,7 @@ class RayTrainers:
         num_cpus_per_rank: float = 1.0,
         actor_options: list[dict[str, Any]] | None = None,
         correction: CorrectionConfig | None = None,
+        temperature: float = 1.0,
     ):
         """`actor_options[r]`: Ray options placing rank r (placement.RayPlacement.options);
         None: one GPU each when the cluster has GPUs, else `num_cpus_per_rank` CPUs."""
@@ -252,6 +265,7 @@ class RayTrainers:
                     master_addr=addr,
                     master_port=port,
                     correction=correction,
+                    temperature=temperature,
                 )
                 for a in self.actors
             ]
@@ -381,11 +395,13 @@ def make_trainers(
     ray_address: str | None,
     actor_options: list[dict[str, Any]] | None = None,
     correction: CorrectionConfig | None = None,
+    temperature: float = 1.0,
 ) -> Trainers:
     """Local when one rank and no Ray address; Ray actors otherwise (placed by `actor_options`).
-    `correction`: the update's correction for the engine's sampling (None: none)."""
+    `correction`: the update's correction for the engine's sampling (None: none); `temperature`:
+    the rollout's, at which the ranks score log-probs."""
     if cfg.num_trainer_ranks == 1 and ray_address is None:
-        return LocalTrainers(model_path, cfg, correction)
+        return LocalTrainers(model_path, cfg, correction, temperature)
     return RayTrainers(
         model_path,
         cfg,
@@ -393,6 +409,7 @@ def make_trainers(
         ray_address,
         actor_options=actor_options,
         correction=correction,
+        temperature=temperature,
     )
 
 
