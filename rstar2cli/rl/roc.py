@@ -80,8 +80,9 @@ class RolloutSummary:
 
 def is_errored(status: str) -> bool:
     """An errored tool call is any status other than "ok" (contract: timeouts, parse errors,
-    sandbox errors all count). Only the structured status is read: a call that printed the word
-    "error" to stdout but ran fine has status "ok" and is clean."""
+    sandbox errors all count; in rl-stage a trajectory with a sandbox error never reaches RoC:
+    rstar2cli/rl/selection.py leaves it out). Only the structured status is read: a call that
+    printed the word "error" to stdout but ran fine has status "ok" and is clean."""
     return status != "ok"
 
 
