@@ -217,8 +217,9 @@ class RocConfig(RecipeModel):
     )
     mode: Literal["paper", "release"] = Field(
         "paper",
-        description="Positive selection: paper (draw with probability ~ 1/p_total) or release "
-        "(lowest-penalty top-k).",
+        description="paper: negatives uniform, positives drawn with probability ~ 1/p_total; "
+        "release: the public release's selection (both classes sorted by a penalty it reads "
+        "from the response text, rounded counts, no randomness; rl/roc.py).",
     )
     group_size: int = Field(16, ge=1, description="G: rollouts kept per problem (paper: 16).")
     min_positive: int = Field(
