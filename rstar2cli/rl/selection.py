@@ -190,6 +190,7 @@ def update_metrics(sums: list[UpdateSums]) -> dict[str, Any]:
         "clip_frac_low": low,
         "clip_frac_high": high,
         "approx_kl": sum(s.approx_kl for s in sums) / tokens,
+        "kl_ref": sum(s.kl_ref for s in sums) / tokens,  # 0 without a KL term (train.kl_coef)
         "entropy": sum(s.entropy for s in sums) / tokens,
         "grad_norm": norms[-1] if norms else None,
         "lr": sums[0].lr,
