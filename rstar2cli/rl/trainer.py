@@ -20,7 +20,9 @@ collective that all ranks must enter. The rank then
    ranks, backward, and one optimizer step at the boundary it marks itself (grad clip, AdamW,
    LR warm-up then constant, counted in RL steps as verl does).
 An empty micro-batch runs a zero-weighted one-token pass, so every rank enters the same
-collectives.
+collectives; so does one whose trajectories have no model token (an engine error on the first
+request). Log-probs are scored at the rollout's temperature (logits / T, as verl), with every
+dropout probability at 0 (the two passes run in eval and train mode).
 
 Correction for the engine's sampling (`CorrectionConfig`, rstar2cli/rl/correction.py): each
 token's clip term is weighted by its importance weight and masks, from the old log-probs and the
@@ -117,12 +119,7 @@ class PolicyTrainer:
         import torch
         from transformers import AutoTokenizer
 
-        from rstar2cli.train_utils import (
-            DeepSpeedSpec,
-            build_deepspeed,
-            build_frozen,
-            without_dropout,
-        )
+        from rstar2cli.train_utils import DeepSpeedSpec, build_deepspeed, build_frozen
 
         self.cfg, self.rank, self.world = cfg, rank, world
         # the rollout's sampling temperature: the trainer scores logits / temperature, as verl
@@ -158,6 +155,8 @@ class PolicyTrainer:
         )
         # NOTE: the old pass runs in eval mode, the training pass in train mode: no dropout in
         # either, or the ratio between them would be noise where it should be 1
+        from rstar2cli.train_utils import without_dropout
+
         without_dropout(self.engine.module.lm)
         self.ref = None
         if cfg.kl_coef > 0.0:
