@@ -10,6 +10,8 @@ it, RNG state, checkpoint pruning, run logs and the seeded data order.
   Gradient checkpointing of the decoder layers is a switch. The accumulation boundary is not
   DeepSpeed's count: the trainers mark it (`engine.set_gradient_accumulation_boundary`), since
   their micro-batches vary in number from one optimizer step to the next.
+- `without_dropout`: every dropout probability of a model at 0 (the RL trainer's: its ratio
+  compares a pass in eval mode with one in train mode, which gradient checkpointing needs).
 - `weight_buckets` / `save_hf`: collectives. Every rank walks the modules in the same order and
   enters each module's ZeRO-3 gather; rank 0 copies the full tensors out, in buckets of about
   `BUCKET_BYTES`, so neither the trainer nor the receiver holds a second copy of the whole model.
@@ -182,6 +184,30 @@ def _scoring_model(path: str, config: dict[str, Any], bf16: bool, zero3: bool) -
         )
     lm.config.use_cache = False
     return ScoringLM(lm)
+
+
+def without_dropout(lm: Any) -> Any:
+    """`lm` with every dropout probability at 0: nn.Dropout modules, the probabilities modules
+    copied from the config at build time (attention_dropout, ...) and the config's own fields
+    (read at forward time by some models). Returns `lm`."""
+    from torch import nn
+    from transformers import PretrainedConfig
+
+    # a composite config (a text_config inside) holds its parts' fields
+    configs = [lm.config, *(v for v in vars(lm.config).values() if isinstance(v, PretrainedConfig))]
+    for holder in [*configs, *lm.modules()]:
+        if isinstance(holder, nn.Dropout):
+            holder.p = 0.0
+        else:
+            for name, value in list(vars(holder).items()):
+                if _is_dropout_probability(name, value):
+                    setattr(holder, name, 0.0)
+    return lm
+
+
+def _is_dropout_probability(name: str, value: Any) -> bool:
+    is_number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    return is_number and ("dropout" in name or "pdrop" in name)
 
 
 def _partitioned_lm(path: str, config: dict[str, Any], dtype: Any) -> Any:

@@ -42,8 +42,10 @@ Metrics (every step, whatever the setting; tokens without an engine log-prob are
     truncated_token_share          tokens with rho_t > token_is_cap
     masked_token_share             tokens with m_t * M_i * s_t = 0
     masked_sequence_share          sequences with M_i = 0
-The trainer scores at temperature 1 without top-p, so rho_t compares like with like only when the
-rollout samples at temperature 1.0 and top_p 1.0 (the recipe refuses a correction otherwise).
+The trainer scores at the rollout's temperature (logits / T) without top-p, so rho_t compares
+like with like only when the rollout samples at top_p 1.0 (the recipe refuses a correction
+otherwise). With bypass and A < 0 the ratio pi / mu has no upper bound: `train.clip_ratio_c`
+(dual clip, rl/loss.py) bounds each such token's term.
 
 Does not: compute log-probs, run models or decide defaults (train_recipe.CorrectionConfig).
 Tested in tests/unit/test_correction.py (3-4-token examples and a Monte-Carlo check of the

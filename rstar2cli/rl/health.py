@@ -4,7 +4,8 @@ A `sandbox_error` status means the code never ran properly (daemon down, connect
 retries exhausted), not that the model wrote bad code. Left alone, such a step teaches the policy
 that calling the tool is useless (and RoC would penalise the successes that hit it). So after each
 rollout the trainer checks the share of `sandbox_error` among the step's tool calls and stops
-when it is above a threshold.
+when it is above a threshold; below it, the trajectories that met one leave their groups before
+RoC (rstar2cli/rl/selection.py) and the step trains on the rest.
 
 This module only decides: `check_tool_health` returns a `ToolHealth`; the caller raises
 `rstar2cli.errors.UserError(health.message(endpoints))` so the message names the sandbox URLs it

@@ -3,7 +3,13 @@
 loss = sum over model tokens of -min(ratio * A, clip(ratio, 1 - eps_low, 1 + eps_high) * A)
        / number of model tokens in the batch
 with ratio = exp(logp - old_logp). The clip is asymmetric (eps_low 0.2, eps_high 0.28: the
-paper's "clip higher", which leaves more room to raise low-probability tokens). The average runs
+paper's "clip higher", which leaves more room to raise low-probability tokens).
+
+Dual clip (`clip_ratio_c`, off in the paper recipes; verl's default is 3): with A < 0 the term
+above grows without bound as the ratio grows (the clip only bounds it from below), so a token the
+update made far likelier than pi_old (or than the engine's mu, in bypass mode) could dominate the
+batch. With it, such a token's term is at most clip_ratio_c x |A|, and past that ratio it carries
+no gradient. The average runs
 over all model tokens of the batch (tool-response tokens have mask 0), not per sequence first, so
 long trajectories weigh in proportion to their tokens.
 
@@ -74,6 +80,7 @@ def ppo_clip_loss(
     entropy_coef: float = 0.0,
     num_batch_tokens: int | None = None,
     token_weights: torch.Tensor | None = None,
+    clip_ratio_c: float | None = None,
 ) -> tuple[torch.Tensor, LossMetrics]:
     """Returns (scalar loss with grad through `logprobs` (and `entropy`), metrics).
 
@@ -93,6 +100,7 @@ def ppo_clip_loss(
         eps_low=eps_low,
         eps_high=eps_high,
         token_weights=token_weights,
+        clip_ratio_c=clip_ratio_c,
     )
     num_tokens = int(mask.sum().item())
     denom = float(num_batch_tokens if num_batch_tokens is not None else max(num_tokens, 1))
@@ -132,9 +140,10 @@ def _clip_terms(
     eps_low: float,
     eps_high: float,
     token_weights: torch.Tensor | None,
+    clip_ratio_c: float | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Per-token clipped terms -min(r A, clip(r) A) (times `token_weights`), the ratio r, its
-    log and the advantages A broadcast to [B, T]."""
+    """Per-token clipped terms -min(r A, clip(r) A), at most -clip_ratio_c A where A < 0 (dual
+    clip), times `token_weights`; the ratio r, its log and the advantages A broadcast to [B, T]."""
     if advantages.dim() == 1:
         advantages = advantages[:, None]  # [B, 1], broadcast over tokens
     advantages = advantages.expand_as(logprobs)  # [B, T]
@@ -145,6 +154,9 @@ def _clip_terms(
     unclipped = ratio * advantages  # [B, T]
     clipped = torch.clamp(ratio, 1.0 - eps_low, 1.0 + eps_high) * advantages  # [B, T]
     per_token = -torch.minimum(unclipped, clipped)  # [B, T]
+    if clip_ratio_c is not None:  # dual clip: A < 0 and r > clip_ratio_c -> constant, no gradient
+        capped = torch.minimum(per_token, -clip_ratio_c * advantages)  # [B, T]
+        per_token = torch.where(advantages < 0, capped, per_token)  # [B, T]
     if token_weights is not None:
         per_token = per_token * token_weights.detach()  # [B, T]
     return per_token, ratio, log_ratio, advantages

@@ -11,8 +11,11 @@ stand, under the new weights: their earlier tokens came from an older policy, so
 `stale_token_share` (tokens made in earlier steps / all response tokens it trains on) is reported
 beside the step time it buys. Fast groups finish first, so a step also leans towards easier
 prompts than the data. The PPO ratio's old log-probs are recomputed by the trainer before the
-update, as for every sample, so the stale tokens are not importance-weighted to the policy that
-made them. benchmarks/sim/partial_rollout.py measures what it buys in simulation.
+update, as for every sample; the correction (rstar2cli/rl/correction.py) then weighs each stale
+token by pi_old / mu, mu the older policy's probability the engine recorded when it sampled it
+(token TIS, truncated at `correction.token_is_cap`, on by default), or drops stale tokens from
+the loss (`correction.mask_stale`); with the correction off they are not importance-weighted.
+benchmarks/sim/partial_rollout.py measures what it buys in simulation.
 
 A carried instance is its finished samples' graded rows plus its unfinished trajectories
 (`Trajectory.state`). `Carry` holds them and the fresh-prompt cursor; rl-stage writes it next to

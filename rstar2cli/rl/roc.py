@@ -7,9 +7,18 @@ down-samples them to G before computing advantages. The two classes are treated 
 - positives (reward > 0) are filtered by a penalty p_total = p_err + p_format, so successes that
   stumbled through failed tool calls or a messy answer format are trained on less often.
 
-Two positive-selection modes:
-- `paper`: positives drawn without replacement with probability proportional to 1 / p_total;
-- `release`: the k positives with the lowest p_total (ties broken at random).
+Two modes:
+- `paper`: negatives uniformly at random; positives drawn without replacement with probability
+  proportional to 1 / p_total (p_err from the structured tool statuses); quotas ceil / floor.
+- `release`: the public release's selection (microsoft/rStar, rstar2_agent/down_sample/roc.py),
+  quirks included: the penalty is read from the response text (a tool response counts as an
+  error when it contains the word "error", any case; p_format counts the assistant turns opened
+  inside the response, so a one-turn answer gets 1), both classes are sorted by it (ties in
+  group order) and cut at round(class share x G) (round half to even), lifted to the minimums;
+  a group smaller than G is not trained on. No randomness. Where the release would stop on an assertion (counts
+  that do not add up to G, for a group of another size than 2G), the group keeps what the counts
+  give. tests/unit/test_roc.py compares it with a separate reading of the release on random
+  groups.
 
 Also here: the penalties themselves, and equal-reward group dropping (a group whose rewards are all
 equal has zero advantages, hence no gradient, so it is dropped before the update).
@@ -21,12 +30,14 @@ gather its tensors. Tested in tests/unit/test_roc.py (hand-made groups, seeded s
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy as np
 
+from rstar2cli import protocol as P
 from rstar2cli.records import GradedRecord
 
 RocMode = Literal["paper", "release"]
@@ -50,6 +61,7 @@ class RolloutSummary:
     tool_statuses: Sequence[str] = ()
     num_answer_tags: int = 0
     num_turns: int = 1
+    text: str = ""  # the whole response, tool outputs included (the `release` mode reads it)
 
     def __post_init__(self) -> None:
         # Accept a list for convenience, store a tuple so the summary stays hashable and frozen.
@@ -75,13 +87,15 @@ class RolloutSummary:
             tool_statuses=tuple(str(call["status"]) for call in record.get("tool_calls", [])),
             num_answer_tags=int(record.get("num_answer_tags", 0)),
             num_turns=int(record.get("num_turns", 1)),
+            text=str(record.get("text", "")),
         )
 
 
 def is_errored(status: str) -> bool:
     """An errored tool call is any status other than "ok" (contract: timeouts, parse errors,
-    sandbox errors all count). Only the structured status is read: a call that printed the word
-    "error" to stdout but ran fine has status "ok" and is clean."""
+    sandbox errors all count; in rl-stage a trajectory with a sandbox error never reaches RoC:
+    rstar2cli/rl/selection.py leaves it out). Only the structured status is read: a call that
+    printed the word "error" to stdout but ran fine has status "ok" and is clean."""
     return status != "ok"
 
 
@@ -202,18 +216,70 @@ def sample_inverse_penalty(
     return chosen
 
 
-def lowest_penalty(
-    penalties: Sequence[float], num_keep: int, rng: np.random.Generator
-) -> list[int]:
-    """The `num_keep` positions with the lowest penalty (the `release` mode).
+# the release's readings of a response text, tool outputs included (non-greedy, across lines)
+_TOOL_RESPONSE = re.compile(
+    re.escape(P.TOOL_RESPONSE_OPEN) + ".*?" + re.escape(P.TOOL_RESPONSE_CLOSE), re.DOTALL
+)
+_ANSWER = re.compile(re.escape(P.ANSWER_OPEN) + ".*?" + re.escape(P.ANSWER_CLOSE), re.DOTALL)
+_ASSISTANT_TURN = re.compile(
+    re.escape(P.IM_START + "assistant") + ".*?" + re.escape(P.IM_END), re.DOTALL
+)
 
-    Ties are broken at random rather than by position: the position of a rollout in its group can
-    follow completion order, which correlates with length, and a positional tie-break would
-    quietly prefer short answers.
-    """
-    order = rng.permutation(len(penalties))
-    ranked = sorted(order.tolist(), key=lambda i: penalties[i])  # stable: random among ties
-    return [int(i) for i in ranked[:num_keep]]
+
+def release_penalty(text: str) -> float:
+    """p_err + p_format as the public release reads them from a response text (`release` mode)."""
+    responses = _TOOL_RESPONSE.findall(text)
+    p_err = P_ERR_NO_TOOL_CALLS
+    if responses:
+        p_err = sum("error" in r.lower() for r in responses) / len(responses)
+    num_closed = len(_ANSWER.findall(text))
+    tags = (text.count(P.ANSWER_OPEN), text.count(P.ANSWER_CLOSE))
+    num_turns = len(_ASSISTANT_TURN.findall(text))  # turns opened inside the response
+    if 0 in tags or tags != (num_closed, num_closed) or num_turns == 0:
+        return p_err + 1.0
+    return p_err + min((num_closed - 1) / num_turns, 1.0)
+
+
+def release_quota(
+    num_positive: int, num_negative: int, group_size: int, min_positive: int, min_negative: int
+) -> tuple[int, int]:
+    """(positives, negatives) the release keeps of a group larger than `group_size`.
+
+    NOTE: the release also keeps a whole group when both rounded shares are under their
+    minimums; each rounding loses at most 1/2, so that needs min_positive + min_negative > G,
+    which roc_downsample refuses: the branch is left out."""
+    total = num_positive + num_negative
+    keep_neg = round(num_negative * group_size / total)
+    keep_pos = round(num_positive * group_size / total)
+    if keep_neg <= min(min_negative, num_negative):
+        keep_neg = min(min_negative, num_negative)
+        keep_pos = group_size - keep_neg
+    if keep_pos <= min(min_positive, num_positive):
+        keep_pos = min(min_positive, num_positive)
+        keep_neg = group_size - keep_pos
+    return keep_pos, keep_neg
+
+
+def release_selection(
+    group: Sequence[RolloutSummary], group_size: int, min_positive: int, min_negative: int
+) -> list[int]:
+    """Indices (ascending) the release keeps: see the module docstring."""
+    if len(group) < group_size:
+        return []
+    if len(group) == group_size:
+        return list(range(len(group)))
+    penalties = [release_penalty(s.text) for s in group]
+    ranked = sorted(range(len(group)), key=lambda i: penalties[i])  # stable: ties in group order
+    positives = [i for i in ranked if group[i].is_positive]
+    negatives = [i for i in ranked if not group[i].is_positive]
+    num_pos, num_neg = release_quota(
+        num_positive=len(positives),
+        num_negative=len(negatives),
+        group_size=group_size,
+        min_positive=min_positive,
+        min_negative=min_negative,
+    )
+    return sorted(positives[:num_pos] + negatives[:num_neg])
 
 
 def roc_downsample(
@@ -224,11 +290,12 @@ def roc_downsample(
     min_negative: int = 2,
     rng: np.random.Generator | int | Any = 0,
 ) -> list[int]:
-    """Indices (ascending) of the rollouts of one problem to keep, at most `group_size` of them.
+    """Indices (ascending) of the rollouts of one problem to keep.
 
-    A group of `group_size` or fewer is kept whole. Otherwise negatives are sampled uniformly and
-    positives by `mode` (see module docstring), with counts from `class_quota`. Deterministic
-    given `rng` (a numpy Generator, a torch.Generator or an int seed).
+    `paper`: a group of `group_size` or fewer is kept whole; otherwise negatives are sampled
+    uniformly and positives with probability ~ 1/p_total, with counts from `class_quota`.
+    Deterministic given `rng` (a numpy Generator, a torch.Generator or an int seed).
+    `release`: `release_selection` (see the module docstring; no randomness).
     """
     if mode not in ROC_MODES:
         raise ValueError(f"unknown RoC mode {mode!r}; expected one of {ROC_MODES}")
@@ -239,6 +306,8 @@ def roc_downsample(
             f"min_positive + min_negative ({min_positive} + {min_negative}) exceeds "
             f"group_size {group_size}"
         )
+    if mode == "release":
+        return release_selection(group, group_size, min_positive, min_negative)
     if len(group) <= group_size:
         return list(range(len(group)))
     gen = as_numpy_rng(rng)
@@ -253,8 +322,7 @@ def roc_downsample(
     )
     kept_neg = gen.choice(len(negatives), size=num_keep_neg, replace=False).tolist()
     penalties = [total_penalty(group[i]) for i in positives]
-    pick = sample_inverse_penalty if mode == "paper" else lowest_penalty
-    kept_pos = pick(penalties, num_keep_pos, gen)
+    kept_pos = sample_inverse_penalty(penalties, num_keep_pos, gen)
     kept = [negatives[j] for j in kept_neg] + [positives[j] for j in kept_pos]
     return sorted(kept)
 

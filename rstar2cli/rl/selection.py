@@ -1,7 +1,17 @@
 """What one RL step trains on, and the numbers it reports: pure functions of the graded rollouts.
 
-`select`: group by problem, drop equal-reward groups, RoC down-sampling to G, group advantages
-(rStar2-Agent, arXiv 2508.20722, section 3); every random draw is a function of (seed, step).
+`select`: group by problem, leave out the trajectories whose failure is not the model's, drop
+equal-reward groups, RoC down-sampling to G, group advantages (rStar2-Agent, arXiv 2508.20722,
+section 3); every random draw is a function of (seed, step).
+
+Failures that are not the model's (`infra_failure`): a trajectory that ended in `engine_error`,
+or made a tool call answered `sandbox_error` (the daemon unreachable, its HTTP 5xx, no answer in
+the client's time, a job process that died: sandboxd.client turns each into that status after
+its retries). Graded as they stand, they would get reward 0 and a negative advantage for what
+the infrastructure did. They leave their group, which is trained on the rest, or dropped when
+fewer than `MIN_GROUP_LEFT` remain; every metrics row counts them. The model's own tool errors
+(its code raised, ran out of time or memory inside the job, a call that did not parse) stay, and
+count in RoC's p_err against it, as the paper says.
 `rollout_metrics` and `update_metrics`: a step's row of metrics.jsonl from the rollouts and from
 the trainer ranks' sums.
 
@@ -18,6 +28,7 @@ from typing import Any
 
 from rstar2cli.records import GradedRecord
 from rstar2cli.rl.batch import TrainSample
+from rstar2cli.rl.health import SANDBOX_ERROR
 from rstar2cli.rl.roc import (
     RolloutSummary,
     drop_equal_reward_groups,
@@ -28,6 +39,10 @@ from rstar2cli.rl.roc import (
 from rstar2cli.rl.stage_recipe import RlRecipe
 from rstar2cli.rl.trainer import UpdateSums
 
+# NOTE: fewest trajectories a group keeps after its infrastructure failures leave it: an
+# advantage compares a trajectory with the rest of its group, and one alone has nothing to meet
+MIN_GROUP_LEFT = 2
+
 
 @dataclass
 class Selection:
@@ -36,7 +51,36 @@ class Selection:
     samples: list[TrainSample] = field(default_factory=list)
     kept_summaries: list[RolloutSummary] = field(default_factory=list)
     num_groups: int = 0
-    num_dropped_groups: int = 0
+    num_dropped_groups: int = 0  # all rewards equal
+    num_groups_too_few_left: int = 0  # under MIN_GROUP_LEFT once infrastructure failures left
+    num_engine_error_rollouts: int = 0  # left out: ended in engine_error
+    num_sandbox_error_rollouts: int = 0  # left out: a tool call answered sandbox_error
+
+
+def infra_failure(record: GradedRecord) -> str | None:
+    """Why the trajectory failed for a reason that is not the model's ("engine_error" or
+    "sandbox_error"), or None."""
+    if record["finish_reason"] == "engine_error":
+        return "engine_error"
+    if any(call["status"] == SANDBOX_ERROR for call in record.get("tool_calls", [])):
+        return SANDBOX_ERROR
+    return None
+
+
+def _leave_out_infra(groups: list[list[GradedRecord]], out: Selection) -> list[list[GradedRecord]]:
+    """Each group without its infrastructure failures (counted in `out`); groups left with
+    fewer than MIN_GROUP_LEFT trajectories are dropped (counted too)."""
+    kept = []
+    for g in groups:
+        reasons = [infra_failure(r) for r in g]
+        out.num_engine_error_rollouts += reasons.count("engine_error")
+        out.num_sandbox_error_rollouts += reasons.count(SANDBOX_ERROR)
+        left = [r for r, why in zip(g, reasons, strict=True) if why is None]
+        if len(left) >= MIN_GROUP_LEFT:
+            kept.append(left)
+        else:
+            out.num_groups_too_few_left += 1
+    return kept
 
 
 def select(records: list[GradedRecord], recipe: RlRecipe, step: int) -> Selection:
@@ -50,12 +94,13 @@ def select(records: list[GradedRecord], recipe: RlRecipe, step: int) -> Selectio
     groups: dict[str, list[GradedRecord]] = {}
     for r in records:  # partial rollout names each prompt instance ("group")
         groups.setdefault(str(r.get("group", r["id"])), []).append(r)
-    group_list = list(groups.values())
+    out = Selection(num_groups=len(groups))
+    group_list = _leave_out_infra(list(groups.values()), out)
     keep: Sequence[int] = range(len(group_list))
     if recipe.roc.drop_equal_groups:
         keep = drop_equal_reward_groups([[r["reward"] for r in g] for g in group_list])
     rng = np.random.default_rng([recipe.train.seed, step, 1])
-    out = Selection(num_groups=len(group_list), num_dropped_groups=len(group_list) - len(keep))
+    out.num_dropped_groups = len(group_list) - len(keep)
     chosen, group_ids = [], []
     for gid, g in enumerate(group_list[i] for i in keep):
         summaries = [RolloutSummary.from_record(r) for r in g]
@@ -116,6 +161,9 @@ def rollout_metrics(records: list[GradedRecord], sel: Selection) -> dict[str, An
         "num_rollouts": len(records),
         "num_groups": sel.num_groups,
         "num_dropped_groups": sel.num_dropped_groups,
+        "num_groups_too_few_left": sel.num_groups_too_few_left,
+        "num_engine_error_rollouts": sel.num_engine_error_rollouts,
+        "num_sandbox_error_rollouts": sel.num_sandbox_error_rollouts,
         "num_kept": len(sel.samples),
         "num_kept_positive": sum(1 for s in sel.kept_summaries if s.is_positive),
         "finish_reasons": dict(Counter(r["finish_reason"] for r in records)),
@@ -142,6 +190,7 @@ def update_metrics(sums: list[UpdateSums]) -> dict[str, Any]:
         "clip_frac_low": low,
         "clip_frac_high": high,
         "approx_kl": sum(s.approx_kl for s in sums) / tokens,
+        "kl_ref": sum(s.kl_ref for s in sums) / tokens,  # 0 without a KL term (train.kl_coef)
         "entropy": sum(s.entropy for s in sums) / tokens,
         "grad_norm": norms[-1] if norms else None,
         "lr": sums[0].lr,

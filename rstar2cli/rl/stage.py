@@ -3,6 +3,7 @@
 Each step (rStar2-Agent, arXiv 2508.20722, section 3):
   draw prompts (seeded per-epoch order; the data cursor is step x prompts) -> rollout n = 2G per
   prompt with the KV-aware scheduler and the tool -> tool-health gate -> grade (binary reward) ->
+  leave out failures that are not the model's (engine_error, sandbox_error: selection.py) ->
   drop equal-reward groups -> RoC down-sampling to G -> group advantages -> old log-probs and the
   PPO-clip update on the trainer ranks -> push the new weights to every engine (a broadcast from
   trainer rank 0 to the engines' workers, or the disk path: rstar2cli/rl/sync.py).

@@ -70,7 +70,10 @@ class RolloutConfig(RecipeModel):
         description="Most model turns (paper: 10, 10, 15 for stages 1-3).",
     )
     temperature: float = Field(
-        AgentConfig.temperature, gt=0.0, description="Sampling temperature (paper: 1.0)."
+        AgentConfig.temperature,
+        gt=0.0,
+        description="Sampling temperature (paper: 1.0); the trainer scores log-probs at it too "
+        "(logits divided by it, as verl does).",
     )
     top_p: float = Field(
         AgentConfig.top_p, gt=0.0, le=1.0, description="Nucleus sampling (paper: 1.0)."
@@ -214,8 +217,9 @@ class RocConfig(RecipeModel):
     )
     mode: Literal["paper", "release"] = Field(
         "paper",
-        description="Positive selection: paper (draw with probability ~ 1/p_total) or release "
-        "(lowest-penalty top-k).",
+        description="paper: negatives uniform, positives drawn with probability ~ 1/p_total; "
+        "release: the public release's selection (both classes sorted by a penalty it reads "
+        "from the response text, rounded counts, no randomness; rl/roc.py).",
     )
     group_size: int = Field(16, ge=1, description="G: rollouts kept per problem (paper: 16).")
     min_positive: int = Field(
@@ -380,12 +384,11 @@ class RlRecipe(RecipeModel):
         rollout = info.data.get("rollout")
         if rollout is None or not correction.reads_ratios:
             return correction
-        if rollout.temperature != 1.0 or rollout.top_p != 1.0:
+        if rollout.top_p != 1.0:
             raise ValueError(
-                f"the trainer scores at temperature 1 without top-p, so the engine's log-probs at "
-                f"temperature {rollout.temperature:g}, top_p {rollout.top_p:g} are no importance "
-                "ratio: sample at 1.0 and 1.0, or set correction.token_is_cap, the masks to null "
-                "and bypass to false"
+                f"the trainer scores without top-p, so the engine's log-probs at top_p "
+                f"{rollout.top_p:g} are no importance ratio: sample at top_p 1.0, or set "
+                "correction.token_is_cap, the masks to null and bypass to false"
             )
         return correction
 

@@ -30,6 +30,8 @@ SCALARS = (
     "response_tokens",
     "num_kept",
     "num_dropped_groups",
+    "num_engine_error_rollouts",  # left out of their groups (rstar2cli/rl/selection.py)
+    "num_sandbox_error_rollouts",
     "clip_frac",
     "entropy",
     "approx_kl",

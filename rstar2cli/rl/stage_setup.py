@@ -70,6 +70,7 @@ def start_trainers(
         ray_address,
         actor_options=options,
         correction=recipe.correction,
+        temperature=recipe.rollout.temperature,
     )
     client = trainers.load_checkpoint(ckpt_dir)
     if client is not None:

@@ -34,6 +34,13 @@ class RlTrainConfig(RecipeModel):
     eps_high: float = Field(
         0.28, gt=0.0, description="PPO clip above 1, clip-higher (paper: 0.28)."
     )
+    clip_ratio_c: float | None = Field(
+        None,
+        gt=1.0,
+        description="Dual clip: with a negative advantage, a token's clip term is at most this "
+        "times |A|, so a ratio far above 1 cannot dominate (verl's default: 3.0); null: off "
+        "(paper).",
+    )
     kl_coef: float = Field(
         0.0,
         ge=0.0,

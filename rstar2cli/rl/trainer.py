@@ -13,14 +13,17 @@ collective that all ranks must enter. The rank then
    entropy metric comes from this pass too (the policy before the step, as verl reports it).
    The first mini-batch needs no such pass: it is trained before any step, so its training
    forward gives pi_old itself (detached) and the entropy (with one mini-batch, as in the tiny
-   and pretrained recipes, this saves a third of the update's work; the paper recipes use two),
+   and pretrained recipes, this saves a third of the update's work; the paper recipes use two,
+   and the clip acts on the second),
 2. per mini-batch: forward each micro-batch (`rstar2cli.lm_scoring.ScoringLM`: log-probs of
    model tokens only, computed in chunks), token-level PPO-clip loss
    (`rstar2cli.rl.loss.ppo_clip_loss`) normalised by the mini-batch's model-token count over all
    ranks, backward, and one optimizer step at the boundary it marks itself (grad clip, AdamW,
    LR warm-up then constant, counted in RL steps as verl does).
 An empty micro-batch runs a zero-weighted one-token pass, so every rank enters the same
-collectives.
+collectives; so does one whose trajectories have no model token (an engine error on the first
+request). Log-probs are scored at the rollout's temperature (logits / T, as verl), with every
+dropout probability at 0 (the two passes run in eval and train mode).
 
 Correction for the engine's sampling (`CorrectionConfig`, rstar2cli/rl/correction.py): each
 token's clip term is weighted by its importance weight and masks, from the old log-probs and the
@@ -112,6 +115,7 @@ class PolicyTrainer:
         rank: int = 0,
         world: int = 1,
         correction: CorrectionConfig | None = None,
+        temperature: float = 1.0,
     ):
         import torch
         from transformers import AutoTokenizer
@@ -119,6 +123,8 @@ class PolicyTrainer:
         from rstar2cli.train_utils import DeepSpeedSpec, build_deepspeed, build_frozen
 
         self.cfg, self.rank, self.world = cfg, rank, world
+        # the rollout's sampling temperature: the trainer scores logits / temperature, as verl
+        self.temperature = temperature
         # None: no correction (the old pass still runs; the metrics still come)
         self.correction = correction or CorrectionConfig(token_is_cap=None)
         self.zero3 = cfg.zero_stage == 3
@@ -148,6 +154,11 @@ class PolicyTrainer:
         self.engine = build_deepspeed(
             spec, world, lambda s: lr_factor(s // per_step, cfg.warmup_steps)
         )
+        # NOTE: the old pass runs in eval mode, the training pass in train mode: no dropout in
+        # either, or the ratio between them would be noise where it should be 1
+        from rstar2cli.train_utils import without_dropout
+
+        without_dropout(self.engine.module.lm)
         self.ref = None
         if cfg.kl_coef > 0.0:
             self.ref = build_frozen(model_path, cfg.zero_stage, bf16, world)
@@ -167,6 +178,7 @@ class PolicyTrainer:
             position_ids=None if batch.position_ids is None else batch.position_ids.to(dev),
             with_entropy=entropy,
             entropy_grad=entropy_grad,
+            temperature=self.temperature,
         )
 
     def _dummy(self) -> MicroBatch:
@@ -234,7 +246,8 @@ class PolicyTrainer:
         for m, mini in enumerate(plan):
             for i, samples in enumerate(mini):
                 self.engine.set_gradient_accumulation_boundary(i == len(mini) - 1)
-                ref_lp = None if ref is None else ref[m][i][0]
+                # an empty micro-batch has no reference log-probs (None): it runs the empty pass
+                ref_lp = None if ref is None or ref[m][i] is None else ref[m][i][0]
                 # bypass: the mismatch is read on the first mini-batch, before any update
                 compare = not bypass or m == 0
                 self._micro_step(
@@ -264,7 +277,9 @@ class PolicyTrainer:
     ) -> None:
         import torch
 
-        if old is None or num_batch_tokens == 0:
+        # NOTE: samples with no model token (an engine error on the first request) give an empty
+        # loss with no graph: such a micro-batch takes the zero-weighted pass as an empty one
+        if old is None or num_batch_tokens == 0 or not any(s.num_model_tokens for s in samples):
             self._empty_backward()
             return
         cfg = self.cfg
@@ -306,6 +321,7 @@ class PolicyTrainer:
             entropy_coef=cfg.entropy_coef,
             num_batch_tokens=num_batch_tokens,
             token_weights=weights[None],
+            clip_ratio_c=cfg.clip_ratio_c,
         )
         self.engine.backward(loss * self.world)
         sums.add_micro_batch(

@@ -15,6 +15,8 @@ out would leave the others waiting in a gather forever. Rank 0 alone joins the t
   stream of buckets: every actor walks the same module gathers, rank 0's stream carries the
   tensors.
 
+A rank that fails makes the call raise `rstar2cli.rl.ranks.TrainerRankError`, one line.
+
 What it does not do: decide what to train on (the driver builds the plans) or restart dead actors.
 Tested in tests/integration/test_trainer_ranks.py (2 Ray ranks, ZeRO 0/2/3, gloo) and
 tests/integration/test_rl_stage.py (local, and a 3-node Ray cluster: two engine actors + two
@@ -30,6 +32,7 @@ from typing import Any, Protocol
 
 from rstar2cli.cluster.weight_sync import GroupAddress, SyncPlan, free_port, open_group
 from rstar2cli.rl.batch import RankPlan
+from rstar2cli.rl.ranks import gather_ranks
 from rstar2cli.rl.train_recipe import CorrectionConfig, RlTrainConfig
 from rstar2cli.rl.trainer import PolicyTrainer, UpdateSums
 
@@ -82,12 +85,18 @@ class LocalTrainers:
     world = 1
 
     def __init__(
-        self, model_path: str, cfg: RlTrainConfig, correction: CorrectionConfig | None = None
+        self,
+        model_path: str,
+        cfg: RlTrainConfig,
+        correction: CorrectionConfig | None = None,
+        temperature: float = 1.0,
     ):
         from rstar2cli.train_utils import init_distributed
 
         init_distributed()
-        self.trainer = PolicyTrainer(model_path, cfg, rank=0, world=1, correction=correction)
+        self.trainer = PolicyTrainer(
+            model_path, cfg, rank=0, world=1, correction=correction, temperature=temperature
+        )
         self.weight_group: Any = None
 
     def update(self, plans: list[RankPlan], tokens: list[int]) -> list[UpdateSums]:
@@ -159,6 +168,7 @@ class TrainerActor:
         master_addr: str,
         master_port: int,
         correction: CorrectionConfig | None = None,
+        temperature: float = 1.0,
     ) -> None:
         from rstar2cli.train_utils import init_distributed
 
@@ -171,7 +181,12 @@ class TrainerActor:
         )
         init_distributed()
         self.trainer = PolicyTrainer(
-            model_path, cfg, rank=self.rank, world=self.world, correction=correction
+            model_path,
+            cfg,
+            rank=self.rank,
+            world=self.world,
+            correction=correction,
+            temperature=temperature,
         )
 
     @property
@@ -225,6 +240,7 @@ class RayTrainers:
         num_cpus_per_rank: float = 1.0,
         actor_options: list[dict[str, Any]] | None = None,
         correction: CorrectionConfig | None = None,
+        temperature: float = 1.0,
     ):
         """`actor_options[r]`: Ray options placing rank r (placement.RayPlacement.options);
         None: one GPU each when the cluster has GPUs, else `num_cpus_per_rank` CPUs."""
@@ -244,7 +260,7 @@ class RayTrainers:
         ]
         self.world = num_ranks
         addr, port = ray.get(self.actors[0].rendezvous.remote())
-        ray.get(
+        gather_ranks(
             [
                 a.build.remote(
                     model_path=model_path,
@@ -252,57 +268,55 @@ class RayTrainers:
                     master_addr=addr,
                     master_port=port,
                     correction=correction,
+                    temperature=temperature,
                 )
                 for a in self.actors
-            ]
+            ],
+            "build",
         )
-        self._placements: list[dict[str, Any]] = ray.get(
-            [a.placement.remote() for a in self.actors]
+        self._placements: list[dict[str, Any]] = gather_ranks(
+            [a.placement.remote() for a in self.actors], "placement"
         )
 
     def update(self, plans: list[RankPlan], tokens: list[int]) -> list[UpdateSums]:
-        import ray
-
-        return ray.get(
-            [a.update.remote(p, tokens) for a, p in zip(self.actors, plans, strict=False)]
+        return gather_ranks(
+            [a.update.remote(p, tokens) for a, p in zip(self.actors, plans, strict=False)],
+            "update",
         )
 
     def weight_buckets(self) -> Iterator[list[tuple[str, Any]]]:
-        import ray
-
         # NOTE: every rank's stream is started at once: the ranks gather module by module
         # together; only rank 0's buckets hold tensors.
         streams = [a.weight_buckets.options(num_returns="streaming").remote() for a in self.actors]
         try:
             for ref in streams[0]:
-                yield ray.get(ref)
+                yield gather_ranks([ref], "weight_buckets")[0]
         finally:
-            for stream in streams[1:]:
+            for rank, stream in enumerate(streams[1:], start=1):
                 for ref in stream:
-                    ray.get(ref)  # NOTE: waits for the rank, and raises its error if it failed
+                    # NOTE: waits for the rank, and raises its error if it failed
+                    gather_ranks([ref], "weight_buckets", first_rank=rank)
 
     def save_checkpoint(self, ckpt_dir: Path, step: int, client_state: dict[str, Any]) -> None:
-        import ray
-
-        ray.get([a.save_checkpoint.remote(str(ckpt_dir), step, client_state) for a in self.actors])
+        gather_ranks(
+            [a.save_checkpoint.remote(str(ckpt_dir), step, client_state) for a in self.actors],
+            "save_checkpoint",
+        )
 
     def load_checkpoint(
         self, ckpt_dir: Path, module_only: bool = False, with_scheduler: bool = True
     ) -> dict[str, Any] | None:
-        import ray
-
-        out = ray.get(
+        out = gather_ranks(
             [
                 a.load_checkpoint.remote(str(ckpt_dir), module_only, with_scheduler)
                 for a in self.actors
-            ]
+            ],
+            "load_checkpoint",
         )
         return out[0]
 
     def save_hf(self, out_dir: Path) -> None:
-        import ray
-
-        ray.get([a.save_hf.remote(str(out_dir)) for a in self.actors])
+        gather_ranks([a.save_hf.remote(str(out_dir)) for a in self.actors], "save_hf")
 
     def close(self) -> None:
         import ray
@@ -333,9 +347,7 @@ class RayTrainers:
         return ray.get(self.actors[0].weight_plan.remote(dtype))
 
     def send_weights(self, plan: SyncPlan) -> int | None:
-        import ray
-
-        return ray.get([a.send_weights.remote(plan) for a in self.actors])[0]
+        return gather_ranks([a.send_weights.remote(plan) for a in self.actors], "send_weights")[0]
 
     def release_gpu_cache(self) -> None:
         import ray
@@ -381,11 +393,13 @@ def make_trainers(
     ray_address: str | None,
     actor_options: list[dict[str, Any]] | None = None,
     correction: CorrectionConfig | None = None,
+    temperature: float = 1.0,
 ) -> Trainers:
     """Local when one rank and no Ray address; Ray actors otherwise (placed by `actor_options`).
-    `correction`: the update's correction for the engine's sampling (None: none)."""
+    `correction`: the update's correction for the engine's sampling (None: none); `temperature`:
+    the rollout's, at which the ranks score log-probs."""
     if cfg.num_trainer_ranks == 1 and ray_address is None:
-        return LocalTrainers(model_path, cfg, correction)
+        return LocalTrainers(model_path, cfg, correction, temperature)
     return RayTrainers(
         model_path,
         cfg,
@@ -393,6 +407,7 @@ def make_trainers(
         ray_address,
         actor_options=actor_options,
         correction=correction,
+        temperature=temperature,
     )
 
 

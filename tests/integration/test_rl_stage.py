@@ -30,8 +30,9 @@ something to choose from, and the update is not zero.
   trainer ranks on a local Ray instance: Ray leaves the signal to the command (procguard.ray_init),
   which stops in one line, exit 130, nothing left.
 - test_three_node_cluster_...: a Ray cluster of 3 nodes on this machine (two declaring GPUs);
-  2 vLLM engine actors on different nodes + 2 DeepSpeed ZeRO-3 ranks (gloo), two steps; placement,
-  disjoint GPU ids, and the broadcast sync's checksums against the final weights. Its second test
+  2 vLLM engine actors on different nodes + 2 DeepSpeed ZeRO-3 ranks (gloo), two steps of two
+  mini-batches with a KL term (a frozen reference on each rank); placement, disjoint GPU ids, and
+  the broadcast sync's checksums against the final weights. Its second test
   reuses the cluster for the one-line path and GPU checks.
 """
 
@@ -464,7 +465,8 @@ def test_three_node_cluster_rl_stage_places_engines_apart_and_syncs_by_broadcast
     setup, three_nodes
 ):
     """rl-stage on the 3-node cluster: 2 vLLM engines (one per GPU node), 2 DeepSpeed ZeRO-3 ranks
-    (gloo), 2 steps, with a relative --out and --init-from (made absolute for the actors). Checks
+    (gloo), 2 steps of 2 mini-batches with a KL term, with a relative --out and --init-from (made
+    absolute for the actors). Checks
     where everything landed (node ids, disjoint GPU ids) and that after every sync each engine
     holds exactly the trainer's weights: the last sync's checksums equal those of final/."""
     import torch
@@ -477,7 +479,8 @@ def test_three_node_cluster_rl_stage_places_engines_apart_and_syncs_by_broadcast
     cmd = _cmd(setup, Path("run_cluster"))
     cmd[cmd.index("--init-from") + 1] = setup["model"].name  # relative to root
     cmd += ["--ray-address", three_nodes["address"]]
-    for s in ("rollout.num_engines=2", "train.num_trainer_ranks=2", "train.zero_stage=3"):
+    more = ("train.num_mini_batches=2", "train.kl_coef=0.01")  # a step with 2 kept pads one rank
+    for s in ("rollout.num_engines=2", "train.num_trainer_ranks=2", "train.zero_stage=3", *more):
         cmd += ["--set", s]
     cmd += ["--set", "eval.every_steps=0"]
     _run(cmd, cwd=root)
@@ -487,6 +490,8 @@ def test_three_node_cluster_rl_stage_places_engines_apart_and_syncs_by_broadcast
     assert all(r["num_rollouts"] == 8 for r in rows)
     trained = [r for r in rows if r["num_kept"] > 0]
     assert trained, "no mixed-reward group in 2 steps: nothing trained"
+    # the second mini-batch is trained after the first step moved the policy off the reference
+    assert all(r["kl_ref"] > 0 for r in trained), trained
     placed = json.loads((out / "placement.json").read_text())
     engines, ranks = placed["engines"], placed["trainer_ranks"]
     assert [e["weight_sync"] for e in engines] == ["broadcast", "broadcast"]

@@ -50,6 +50,37 @@ def test_negative_advantage_clips_low_at_0_8():
     assert metrics.clip_frac_high == 0.0
 
 
+def test_dual_clip_bounds_a_negative_advantage_at_large_ratios():
+    # A = -1, clip_ratio_c 3. ratios [5.0, 2.0, 0.5]:
+    #   no dual clip: max(r, clip(r)) = [5.0, 2.0, 0.8]; the first token pulls with gradient r/3
+    #   dual clip: min(that, 3 x |A|) = [3.0, 2.0, 0.8]: the first is a constant, no gradient;
+    #   the second (r 2 < 3) keeps its gradient 2/3; the third is clipped low as before.
+    def run(clip_ratio_c):
+        logp = torch.tensor([[math.log(5.0), math.log(2.0), math.log(0.5)]], requires_grad=True)
+        loss, _ = ppo_clip_loss(
+            logp,
+            torch.zeros(1, 3),
+            torch.tensor([-1.0]),
+            torch.ones(1, 3),
+            clip_ratio_c=clip_ratio_c,
+        )
+        loss.backward()
+        return loss.item(), logp.grad
+
+    loss, grad = run(3.0)
+    assert loss == pytest.approx((3.0 + 2.0 + 0.8) / 3, abs=1e-6)
+    assert torch.allclose(grad, torch.tensor([[0.0, 2.0 / 3, 0.0]]), atol=1e-6)
+    loss_off, grad_off = run(None)
+    assert loss_off == pytest.approx((5.0 + 2.0 + 0.8) / 3, abs=1e-6)
+    assert torch.allclose(grad_off, torch.tensor([[5.0 / 3, 2.0 / 3, 0.0]]), atol=1e-6)
+    # a positive advantage is never dual-clipped: A = +1, r = 5 -> -1.28, as without it
+    logp = torch.tensor([[math.log(5.0)]], requires_grad=True)
+    pos, _ = ppo_clip_loss(
+        logp, torch.zeros(1, 1), torch.tensor([1.0]), torch.ones(1, 1), clip_ratio_c=3.0
+    )
+    assert pos.item() == pytest.approx(-1.28, abs=1e-6)
+
+
 def test_approx_kl_metric_is_k3_of_old_vs_new():
     # k3 per token: (r - 1) - log r
     #   1.5: 0.5 - 0.405465 = 0.094535; 0.5: -0.5 + 0.693147 = 0.193147; 1.1: 0.1 - 0.095310
@@ -207,6 +238,98 @@ def test_scoring_lm_matches_the_models_own_logits(tiny_model_dir):
         logits = model(input_ids=ids, attention_mask=attn).logits[rows, cols][None]  # [1, 4, V]
     assert torch.allclose(logp, token_logprobs(logits, targets[None])[0], atol=1e-5)
     assert torch.allclose(entropy, token_entropy(logits)[0], atol=1e-5)
+
+
+def test_scoring_lm_scores_at_the_rollout_temperature(tiny_model_dir):
+    """A rollout sampled at T: the trainer's log-probs are those of logits / T (as vLLM's
+    processed log-probs and verl's trainer), entropy too."""
+    from transformers import AutoModelForCausalLM
+
+    from rstar2cli.lm_scoring import ScoringLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    ids = torch.tensor([[5, 9, 12, 40, 41, 7]])  # [1, 6]
+    rows, cols = torch.zeros(5, dtype=torch.long), torch.arange(5)
+    targets = ids[rows, cols + 1]
+    with torch.no_grad():
+        logp, entropy = ScoringLM(model)(
+            ids, rows, cols, targets, with_entropy=True, temperature=0.6
+        )
+        plain, _ = ScoringLM(model)(ids, rows, cols, targets)
+        logits = model(input_ids=ids).logits[rows, cols][None] / 0.6  # [1, 5, V]
+    assert torch.allclose(logp, token_logprobs(logits, targets[None])[0], atol=1e-5)
+    assert torch.allclose(entropy, token_entropy(logits)[0], atol=1e-5)
+    assert (logp - plain).abs().max() > 1e-2  # T matters for this model
+
+
+def _tiny_wrapper(kind: str):
+    """A 1-layer model of a family whose CausalLM wrapper processes its logits, with a large
+    output layer so that the processing changes the log-probs a lot."""
+    from transformers import AutoModelForCausalLM, CohereConfig, Gemma2Config, GraniteConfig
+
+    shape = dict(
+        vocab_size=64,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+    )
+    config = {
+        "gemma2": lambda: Gemma2Config(**shape, head_dim=8, final_logit_softcapping=2.0),
+        "cohere": lambda: CohereConfig(**shape, logit_scale=0.25),
+        "granite": lambda: GraniteConfig(**shape, logits_scaling=4.0),
+    }[kind]()
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+    with torch.no_grad():
+        model.get_output_embeddings().weight.mul_(200.0)
+    return model
+
+
+@pytest.mark.parametrize("kind", ["gemma2", "cohere", "granite"])
+def test_scoring_lm_applies_the_wrappers_logit_processing(kind):
+    """Gemma2's soft-capping, Cohere's and Granite's scaling: the trainer's log-probs are those
+    of the logits the wrapper returns (what an engine samples from), not the output layer's."""
+    from rstar2cli.lm_scoring import ScoringLM
+
+    model = _tiny_wrapper(kind)
+    ids = torch.tensor([[5, 9, 12, 40, 41, 7]])
+    rows, cols = torch.zeros(5, dtype=torch.long), torch.arange(5)
+    targets = ids[rows, cols + 1]
+    with torch.no_grad():
+        logp, _ = ScoringLM(model)(ids, rows, cols, targets)
+        logits = model(input_ids=ids).logits[rows, cols][None]  # [1, 5, V], the wrapper's
+        raw = model.get_output_embeddings()(model.get_decoder()(input_ids=ids)[0])[rows, cols]
+    assert torch.allclose(logp, token_logprobs(logits, targets[None])[0], atol=1e-4)
+    unprocessed = token_logprobs(raw[None], targets[None])[0]
+    assert (unprocessed - logp).abs().max() > 0.1  # what scoring the output layer alone gives
+
+
+def test_the_rl_models_dropout_is_off_so_train_and_eval_passes_agree(tiny_model_dir):
+    """A model whose config asks for dropout (attention_dropout: a probability each attention
+    module copies at build time; GPT-2: nn.Dropout modules): after `without_dropout`, a pass in
+    train mode (the training pass) equals one in eval mode (the old-log-prob pass)."""
+    from transformers import AutoModelForCausalLM, GPT2Config
+
+    from rstar2cli.train_utils import without_dropout
+
+    qwen = AutoModelForCausalLM.from_pretrained(
+        tiny_model_dir, dtype=torch.float32, attention_dropout=0.5
+    )
+    torch.manual_seed(0)
+    gpt2 = AutoModelForCausalLM.from_config(
+        GPT2Config(vocab_size=64, n_embd=16, n_layer=1, n_head=2, resid_pdrop=0.5, embd_pdrop=0.5)
+    )
+    ids = torch.tensor([[5, 9, 12, 40, 41, 7]])
+    for model in (qwen, gpt2):
+        with torch.no_grad():
+            noisy = [model.train()(input_ids=ids).logits for _ in range(2)]
+            assert not torch.allclose(noisy[0], noisy[1])  # dropout on, as configured
+            without_dropout(model)
+            train = model.train()(input_ids=ids).logits
+            evaluated = model.eval()(input_ids=ids).logits
+        assert torch.equal(train, evaluated)
 
 
 def _two_mini_batch_update(eps_high: float) -> tuple[torch.Tensor, list[float]]:

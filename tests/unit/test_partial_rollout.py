@@ -156,3 +156,28 @@ def test_fresh_prompts_top_up_the_instances_in_flight_from_the_data_stream():
         stream_indices(8, 6, 11, seed=2)
         == (batch_indices(1, 11, 8, seed=2) + batch_indices(2, 11, 8, seed=2))[:6]
     )
+
+
+def test_the_default_correction_weighs_stale_tokens_as_the_module_says():
+    """rl/partial.py's docstring against the code: under the default correction (token TIS, cap
+    2) a carried token sampled by an older policy is weighted by min(pi_old / mu, 2)."""
+    import torch
+
+    import rstar2cli.rl.partial as partial
+    from rstar2cli.rl.correction import token_weights
+    from rstar2cli.rl.train_recipe import CorrectionConfig
+
+    # pi_old 0.5 each; the older policy drew them with mu = 0.25, 0.5, 0.1: rho = 2, 1, 5
+    weights, sums = token_weights(
+        old_logprobs=torch.log(torch.tensor([0.5, 0.5, 0.5])),
+        rollout_logprobs=torch.log(torch.tensor([0.25, 0.5, 0.1])),
+        rows=torch.zeros(3, dtype=torch.long),
+        stale=torch.ones(3, dtype=torch.bool),
+        cfg=CorrectionConfig(),
+        num_sequences=1,
+    )
+    assert torch.allclose(weights, torch.tensor([2.0, 1.0, 2.0]))
+    assert sums.num_truncated == 1 and sums.num_masked_tokens == 0
+    doc = " ".join(str(partial.__doc__).split())
+    assert "stale tokens are not importance-weighted" not in doc
+    assert "weighs each stale token by pi_old / mu" in doc

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import socket
 from pathlib import Path
 
 import pytest
@@ -134,3 +136,142 @@ def test_select_groups_partial_rollout_rows_by_prompt_instance():
     sel = select(older + fresh, recipe, step=4)
     assert (sel.num_groups, sel.num_dropped_groups, len(sel.samples)) == (2, 1, 2)
     assert sorted(s.advantage for s in sel.samples) == pytest.approx([-1.0, 1.0], abs=1e-4)
+
+
+# --- failures that are not the model's leave their group -------------------------------------
+
+CALL = "Let me compute.\n<tool_call>\n{code}\n</tool_call><|im_end|>"
+RIGHT = "</reason>\n<answer>\\boxed{1522}</answer><|im_end|>"
+WRONG = "</reason>\n<answer>\\boxed{7}</answer><|im_end|>"
+
+
+async def _fault_daemon(status: int, delay_s: float):
+    """An HTTP server on loopback standing in for a sandbox daemon in trouble: it answers every
+    request with `status` after `delay_s` (a 5xx, or no answer in the client's time)."""
+    from aiohttp import web
+
+    async def answer(_request):
+        await asyncio.sleep(delay_s)
+        return web.Response(status=status, text="overloaded")
+
+    app = web.Application()
+    app.router.add_post("/v1/batch", answer)
+    app.router.add_post("/v1/stream", answer)
+    runner = web.AppRunner(app, shutdown_timeout=0.0)  # no wait for a request still held
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    return runner, f"http://127.0.0.1:{runner.addresses[0][1]}"
+
+
+def _real_records(pid: str) -> list:
+    """Graded records of problem `pid` made by the real agent loop (scripted turns, a real
+    LocalSandbox, the real SandboxClient against a dead URL and a failing daemon, the real
+    grader). Samples: 0 clean and right; 1 its code raised, then right; 2 its code ran out of
+    time, then wrong; 3 wrong; 4-6 right or wrong but their call met the infrastructure (daemon
+    unreachable, HTTP 500, no answer in the client's time); 7 engine_error."""
+    from scripted import ScriptedEngine
+
+    from rstar2cli import protocol as P
+    from rstar2cli.agent.loop import AgentConfig, Trajectory, prompt_ids_for, run_trajectory
+    from rstar2cli.agent.tools import ToolBatcher
+    from rstar2cli.data.tiny import build_tokenizer
+    from rstar2cli.reward.grader import Grader
+    from rstar2cli.rollout.jobs import GradedSink
+    from sandboxd.client import SandboxClient
+    from sandboxd.pool import LocalSandbox
+
+    tok = build_tokenizer()
+    config = AgentConfig(max_response_tokens=2000)
+    short = AgentConfig(max_response_tokens=2000, tool_timeout_s=0.5)  # the endless snippet's
+    call = {
+        name: CALL.format(code=P.format_tool_call(code).split("\n", 1)[1].rsplit("\n", 1)[0])
+        for name, code in [
+            ("ok", "print(37*41+5)"),
+            ("raise", "print(1/0)"),
+            ("hang", "while True: pass"),
+        ]
+    }
+    scripts = [
+        [call["ok"], RIGHT],
+        [call["raise"], RIGHT],
+        [call["hang"], WRONG],
+        [WRONG],
+        [call["ok"], RIGHT],
+        [call["ok"], WRONG],
+        [call["ok"], WRONG],
+        [RIGHT],
+    ]
+
+    async def go():
+        sandbox = LocalSandbox(num_workers=1, timeout_s=5.0)
+        dead = socket.socket()
+        dead.bind(("127.0.0.1", 0))  # bound, never listening: connections are refused
+        failing, failing_url = await _fault_daemon(500, 0.0)
+        silent, silent_url = await _fault_daemon(200, 1.0)
+        clients = [
+            SandboxClient([f"http://127.0.0.1:{dead.getsockname()[1]}"], max_attempts=2),
+            SandboxClient([failing_url], max_attempts=2),
+            SandboxClient([silent_url], timeout_s=0.3, max_attempts=2),
+        ]
+        runners = [sandbox] * 4 + clients + [sandbox]
+        item = {"id": pid, "question": "Compute 37*41+5.", "answer": "1522"}
+        try:
+            runs = []
+            for i, (turns, runner) in enumerate(zip(scripts, runners, strict=True)):
+                engine = ScriptedEngine(tok, {"*": list(turns)}, fail=i == 7)
+                traj = Trajectory(
+                    item={**item, "sample": i},
+                    prompt_ids=prompt_ids_for(item["question"], tok),
+                    tokenizer=tok,
+                    config=short if i == 2 else config,
+                )
+                runs.append(run_trajectory(traj, engine, ToolBatcher(runner), f"{pid}{i}"))
+            return await asyncio.gather(*runs)
+        finally:
+            for runner in [sandbox, *clients]:
+                await runner.close()
+            await failing.cleanup()
+            await silent.cleanup()
+            dead.close()
+
+    records = asyncio.run(go())
+    with Grader(num_workers=1, strict=True) as grader:
+        sink = GradedSink(grader, flush_every=None)
+        for r in records:
+            sink.add(r)
+        sink.flush()
+    return sink.rows
+
+
+def test_infrastructure_failures_leave_their_group_and_the_models_own_errors_stay():
+    from rstar2cli.rl.roc import RolloutSummary, total_penalty
+
+    rows = _real_records("p")
+    statuses = [[c["status"] for c in r["tool_calls"]] for r in rows]
+    assert statuses == [["ok"], ["error"], ["timeout"], [], *[["sandbox_error"]] * 3, []]
+    assert [r["reward"] for r in rows] == [1.0, 1.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0]
+    assert rows[7]["finish_reason"] == "engine_error" and rows[7]["response_ids"] == []
+
+    recipe = load_recipe(REPO / "recipes/tiny/rl.yaml", RlRecipe, ["roc.enabled=false"])
+    sel = select(rows, recipe, step=0)
+    # the four the model answered for are trained on: rewards 1, 1, 0, 0 -> advantages +1, -1
+    assert len(sel.samples) == 4
+    assert [s.response_ids for s in sel.samples] == [r["response_ids"] for r in rows[:4]]
+    assert [round(s.advantage, 4) for s in sel.samples] == [1.0, 1.0, -1.0, -1.0]
+    # the model's own errors count against it in RoC's penalty (p_err 1 for one failed call)
+    penalties = [total_penalty(RolloutSummary.from_record(r)) for r in rows[:3]]
+    assert penalties == [0.0, 1.0, 1.0]
+    m = rollout_metrics(rows, sel)
+    assert (m["num_engine_error_rollouts"], m["num_sandbox_error_rollouts"]) == (1, 3)
+    assert m["num_groups_too_few_left"] == 0 and m["num_kept"] == 4
+    from rstar2cli.rl.selection import infra_failure
+
+    assert [infra_failure(r) for r in rows] == [None] * 4 + ["sandbox_error"] * 3 + ["engine_error"]
+
+    # a group with one trajectory left after its failures is dropped, and counted
+    other = [dict(r, id="q") for r in rows[3:]]
+    sel = select(rows + other, recipe, step=0)
+    assert (sel.num_groups, sel.num_groups_too_few_left, len(sel.samples)) == (2, 1, 4)
+    m = rollout_metrics(rows + other, sel)
+    assert (m["num_engine_error_rollouts"], m["num_sandbox_error_rollouts"]) == (2, 6)

@@ -33,6 +33,7 @@ def test_every_rl_recipe_validates_and_opens_with_a_header(name):
     assert recipe.rollout.num_samples_per_prompt == 2 * recipe.roc.group_size
     assert (recipe.train.eps_low, recipe.train.eps_high) == (0.2, 0.28)
     assert recipe.train.kl_coef == 0.0 and recipe.train.entropy_coef == 0.0
+    assert recipe.train.clip_ratio_c is None  # no dual clip, as the paper
     assert recipe.reward.strict
 
 
@@ -46,6 +47,20 @@ def test_paper_stage_values():
     )
     assert s1.train.lr == 1.0e-6 and s1.train.warmup_steps == 20
     assert "hard" in s3.data.train and "--reset-optimizer" in (REPO / RL_RECIPES[2]).read_text()
+
+
+def test_the_paper_recipes_use_two_mini_batches_as_the_trainer_says():
+    """rl/trainer.py's docstring against the recipes: the paper recipes take two optimizer steps
+    per RL step (the clip acts on the second); one mini-batch is not the paper's setting."""
+    import rstar2cli.rl.trainer as trainer
+
+    assert [load_recipe(REPO / n, RlRecipe).train.num_mini_batches for n in RL_RECIPES[:3]] == [
+        2,
+        2,
+        2,
+    ]
+    doc = " ".join(str(trainer.__doc__).split())
+    assert "the paper's setting" not in doc and "the paper recipes use two" in doc
 
 
 def _write(tmp_path: Path, data: dict) -> Path:
@@ -187,15 +202,18 @@ def test_engine_dtype_is_a_vllm_recipe_field(tmp_path):
         load_recipe(_write(tmp_path, data), RlRecipe)
 
 
-def test_correction_section_and_its_check_against_the_sampling_temperature(tmp_path):
+def test_correction_section_and_its_check_against_the_sampling_top_p(tmp_path):
     data = _tiny()
     data["correction"] = {"token_is_cap": None, "seq_mask_low": 0.99, "seq_mask_high": 1.01}
     recipe = load_recipe(_write(tmp_path, data), RlRecipe)
     assert (recipe.correction.seq_mask_low, recipe.correction.token_is_cap) == (0.99, None)
+    # the trainer scores at the rollout's temperature: the ratios compare like with like
     data["rollout"]["temperature"] = 0.8
-    with pytest.raises(UserError, match="temperature 0.8, top_p 1 are no importance ratio"):
+    assert load_recipe(_write(tmp_path, data), RlRecipe).rollout.temperature == 0.8
+    data["rollout"]["top_p"] = 0.9  # but it scores without top-p
+    with pytest.raises(UserError, match="log-probs at top_p 0.9 are no importance ratio"):
         load_recipe(_write(tmp_path, data), RlRecipe)
-    # nothing that reads the ratios: any temperature
+    # nothing that reads the ratios: any top-p
     data["correction"] = {"token_is_cap": None, "mask_stale": True}
     assert load_recipe(_write(tmp_path, data), RlRecipe).correction.mask_stale
     for bad, message in [

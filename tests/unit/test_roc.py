@@ -8,6 +8,8 @@ import numpy as np
 import pytest
 import torch
 
+from rstar2cli import protocol as P
+from rstar2cli.rl import roc
 from rstar2cli.rl.roc import (
     RolloutSummary,
     class_quota,
@@ -133,35 +135,118 @@ def _mixed_group() -> list[RolloutSummary]:
     ]
 
 
-@pytest.mark.parametrize("mode", ["paper", "release"])
-def test_downsample_returns_sorted_unique_indices_with_quota(mode):
+def test_downsample_returns_sorted_unique_indices_with_quota():
     group = _mixed_group()
     for seed in range(50):
-        kept = roc_downsample(group, group_size=4, mode=mode, rng=seed)
+        kept = roc_downsample(group, group_size=4, mode="paper", rng=seed)
         assert kept == sorted(set(kept)) and len(kept) == 4
         # quota: negatives ceil(4 * 3 / 8) = 2, positives 2
         assert sum(group[i].is_positive for i in kept) == 2
 
 
-def test_release_mode_takes_lowest_penalties():
-    # positives' penalties: 0:0.0, 2:0.5, 3:0.5, 5:2.0, 6:0.25 -> two lowest are 0 and 6
-    group = _mixed_group()
-    for seed in range(20):
-        kept = roc_downsample(group, group_size=4, mode="release", rng=seed)
-        assert [i for i in kept if group[i].is_positive] == [0, 6]
+def _response(outputs: list[str], answers: int, closed: bool = True) -> str:
+    """A response text as the agent loop decodes it: one model turn per tool output and a last
+    one, the tool outputs in masked chunks between them, `answers` answer blocks at the end."""
+    turns = ["<reason>think" + P.IM_END for _ in outputs]
+    last = "</reason>" + "<answer>\\boxed{1}</answer>" * answers
+    if not closed:
+        last += "<answer>\\boxed{2}"
+    chunks = [t + P.render_tool_response(o) for t, o in zip(turns, outputs, strict=True)]
+    return "".join(chunks) + last + P.IM_END
 
 
-def test_release_mode_breaks_ties_at_random():
-    # 3 positives 0.0, 0.5, 0.5 and 3 negatives; G = 4 -> 2 positives: index 0 then one of the
-    # two tied at 0.5 (indices 1 and 2), which must both appear across seeds.
-    group = [pos(["ok"]), pos(["ok", "error"]), pos([]), neg(), neg(), neg()]
-    picked = Counter()
-    for seed in range(100):
-        kept = roc_downsample(group, group_size=4, mode="release", rng=seed)
-        positives = [i for i in kept if group[i].is_positive]
-        assert positives[0] == 0
-        picked[positives[1]] += 1
-    assert picked[1] > 20 and picked[2] > 20
+def _blocks(text: str, opening: str, closing: str) -> list[str]:
+    """Non-overlapping opening...closing spans, leftmost first, each closed by the nearest
+    closing after its opening (the release's non-greedy patterns), found by scanning."""
+    out, at = [], 0
+    while (start := text.find(opening, at)) >= 0:
+        end = text.find(closing, start + len(opening))
+        if end < 0:
+            break
+        out.append(text[start : end + len(closing)])
+        at = end + len(closing)
+    return out
+
+
+def _reference_release(rewards: list[float], texts: list[str], n: int, min_neg: int, min_pos: int):
+    """The public release's down-sampling of one group, re-derived from its description, written
+    apart from rstar2cli.rl.roc: the set of positions it trains on."""
+
+    def penalty(text: str) -> float:
+        calls = _blocks(text, "<tool_response>", "</tool_response>")
+        err = sum("error" in c.lower() for c in calls) / len(calls) if calls else 0.5
+        opened, shut = text.count("<answer>"), text.count("</answer>")
+        pairs = len(_blocks(text, "<answer>", "</answer>"))
+        turns = len(_blocks(text, "<|im_start|>assistant", "<|im_end|>"))
+        if opened == 0 or shut == 0 or opened != pairs or shut != pairs or turns == 0:
+            return err + 1.0
+        return err + min((pairs - 1) / turns, 1.0)
+
+    size = len(rewards)
+    if size < n:
+        return set()
+    if size == n:
+        return set(range(size))
+    weights = np.array([penalty(t) for t in texts])
+    order = np.argsort(weights, kind="stable")
+    zero = [int(i) for i in order if rewards[i] <= 0]
+    nonzero = [int(i) for i in order if rewards[i] > 0]
+    n_zero, n_nonzero = round(len(zero) * n / size), round(len(nonzero) * n / size)
+    if n_zero < min_neg and n_nonzero < min_pos:  # unreachable when min_neg + min_pos <= n
+        return set(range(size))
+    if n_zero <= min(min_neg, len(zero)):
+        n_zero = min(min_neg, len(zero))
+        n_nonzero = n - n_zero
+    if n_nonzero <= min(min_pos, len(nonzero)):
+        n_nonzero = min(min_pos, len(nonzero))
+        n_zero = n - n_nonzero
+    return set(nonzero[:n_nonzero]) | set(zero[:n_zero])
+
+
+def test_release_mode_matches_a_separate_reading_of_the_release_on_random_groups():
+    """2,000 random groups (sizes around and at 2G, any mix of rewards, tool outputs with and
+    without the word "error", one or two answers, an unclosed one): `release` keeps exactly the
+    positions a separate re-implementation of the release's selection keeps."""
+    rng = np.random.default_rng(0)
+    outputs = ["42", "Traceback: ZeroDivisionError", "no error here", "Execution timed out.", "7"]
+    for _ in range(2000):
+        g = int(rng.choice([4, 8, 8, 8, 7, 12]))
+        size = int(rng.choice([g - 1, g, 2 * g, 2 * g, 2 * g + 1]))
+        rewards = [float(rng.random() < rng.random()) for _ in range(size)]
+        texts = [
+            _response(
+                [str(rng.choice(outputs)) for _ in range(int(rng.integers(0, 4)))],
+                answers=int(rng.choice([0, 1, 1, 2])),
+                closed=bool(rng.random() < 0.9),
+            )
+            for _ in range(size)
+        ]
+        group = [RolloutSummary(r, text=t) for r, t in zip(rewards, texts, strict=True)]
+        min_pos, min_neg = int(rng.integers(0, 3)), int(rng.integers(0, 3))
+        kept = roc_downsample(group, g, "release", min_positive=min_pos, min_negative=min_neg)
+        assert set(kept) == _reference_release(rewards, texts, g, min_neg, min_pos)
+        assert kept == sorted(kept)
+
+
+def test_release_mode_sorts_both_classes_by_a_penalty_read_from_the_text():
+    """8 rollouts, G = 4, minimums 2 + 2. Rewards 1 1 0 0 0 0 0 0: round(6 x 4 / 8) = 3
+    negatives, round(2 x 4 / 8) = 1 positive, lifted to 2 positives and 2 negatives. Negatives
+    are not drawn at random: the two with the lowest penalty stay (positions 6 and 7, whose tool
+    printed nothing with "error"; position 5 printed "no error here", which counts as one)."""
+    clean = _response(["42"], answers=1)  # p_err 0, one answer over one later turn: 0
+    worded = _response(["no error here"], answers=1)  # p_err 1: the word, not the status
+    one_turn = _response([], answers=1)  # no tool call: 0.5, and no turn opened inside: +1
+    texts = [clean, one_turn, worded, worded, worded, worded, clean, clean]
+    rewards = [1.0, 1.0] + [0.0] * 6
+    group = [RolloutSummary(r, text=t) for r, t in zip(rewards, texts, strict=True)]
+    assert roc.release_penalty(clean) == 0.0
+    assert roc.release_penalty(worded) == 1.0
+    assert roc.release_penalty(one_turn) == 1.5
+    assert roc.release_penalty(_response(["Execution timed out."], answers=2)) == 1.0  # 0 + 1
+    assert roc_downsample(group, 4, "release") == [0, 1, 6, 7]
+    assert roc.release_quota(2, 6, 4, min_positive=2, min_negative=2) == (2, 2)
+    # round half to even: 5 positives of 16 for G = 8 -> 2.5 -> 2; 11 -> 5.5 -> 6
+    assert roc.release_quota(5, 11, 8, min_positive=2, min_negative=2) == (2, 6)
 
 
 def test_paper_mode_prefers_zero_penalty_first():
@@ -235,12 +320,15 @@ def test_paper_mode_clean_positive_beats_noisy_in_a_large_group():
 # ---------------------------------------------------------------- edge cases
 
 
-@pytest.mark.parametrize("mode", ["paper", "release"])
-def test_all_positive_group_keeps_the_cleanest(mode):
-    # 6 positives, G = 3: 3 clean ones (p 0) at 1, 3, 5 fill every slot in both modes.
+def test_all_positive_group_keeps_the_cleanest():
+    # 6 positives, G = 3: 3 clean ones (p 0) at 1, 3, 5 fill every slot.
     group = [pos(["error"]), pos(["ok"]), pos([]), pos(["ok"]), pos([], 0), pos(["ok"])]
     for seed in range(20):
-        assert roc_downsample(group, 3, mode, min_positive=1, min_negative=1, rng=seed) == [1, 3, 5]
+        assert roc_downsample(group, 3, "paper", min_positive=1, min_negative=1, rng=seed) == [
+            1,
+            3,
+            5,
+        ]
 
 
 def test_all_negative_group_is_uniform():
@@ -267,15 +355,23 @@ def test_fewer_positives_than_minimum_keeps_them_all(mode):
 
 
 def test_no_tool_calls_positive_ranks_between_clean_and_noisy():
-    # release, G = 4 of 8: 2 positive slots. p: clean 0.0, no-tool 0.5, noisy 1.0 -> 0 and 1.
+    # p: clean 0.0, no-tool 0.5, noisy 1.0: weights inf, 2, 1; with 2 positive slots the clean
+    # one is always first, the no-tool one second in 2 draws of 3
     group = [pos(["ok"]), pos([]), pos(["error"]), neg(), neg(), neg(), neg(), neg()]
-    assert [i for i in roc_downsample(group, 4, "release", rng=0) if i < 3] == [0, 1]
+    second = Counter()
+    for seed in range(300):
+        kept = [i for i in roc_downsample(group, 4, "paper", rng=seed) if i < 3]
+        assert kept[0] == 0 and len(kept) == 2
+        second[kept[1]] += 1
+    assert second[1] / 300 == pytest.approx(2 / 3, abs=0.08)
 
 
 def test_group_not_larger_than_group_size_is_kept_whole():
     group = [pos(["error"]), neg(), pos([])]
     assert roc_downsample(group, 4, "paper", rng=0) == [0, 1, 2]
     assert roc_downsample(group, 3, "release", min_positive=1, min_negative=1, rng=0) == [0, 1, 2]
+    # the release does not train on a group smaller than G
+    assert roc_downsample(group, 4, "release", min_positive=1, min_negative=1) == []
     assert roc_downsample([], 4, rng=0) == []
 
 
