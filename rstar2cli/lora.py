@@ -11,10 +11,12 @@
   frozen base W and its factors: W + (alpha / rank) B @ A, in float32, then cast back. A model
   without adapters gets its parameters as they are. `rstar2cli.train_utils.weight_buckets` and
   `rstar2cli.cluster.weight_sync` gather (ZeRO-3) and read these.
-- `adapter_state` / `check_adapter_state`: what a checkpoint's module state holds with LoRA (the
-  adapter factors only), and the check that a loaded one holds exactly those.
-- `write_adapter_folder`: a PEFT adapter folder (adapter_config.json, adapter_model.safetensors
-  with PEFT's key names), what `peft.PeftModel.from_pretrained` and vLLM's LoRA loader read.
+- `save_engine_checkpoint` / `load_engine_checkpoint`: the trainers' DeepSpeed checkpoints; with
+  adapters the module state holds the factors alone (`adapter_state`), and a loaded one must hold
+  exactly those (`check_adapter_state`). Without adapters: DeepSpeed's checkpoint as it is.
+- `save_adapter` / `write_adapter_folder`: a PEFT adapter folder (adapter_config.json,
+  adapter_model.safetensors with PEFT's key names), what `peft.PeftModel.from_pretrained` and
+  vLLM's LoRA loader read; train_utils.save_hf writes it beside the merged final/.
 
 What it does not do: build the DeepSpeed engine (train_utils.py), decide when to save, or load
 adapters into vLLM (pushes merged weights: vLLM's own adapter path was measured slower, see
@@ -303,3 +305,61 @@ def write_adapter_folder(
     shutil.rmtree(out_dir, ignore_errors=True)
     os.replace(tmp, out_dir)
     return out_dir
+
+
+def save_adapter(lm: Any, out_dir: Path, zero3: bool, rank: int) -> None:
+    """Collective: the adapter factors gathered (ZeRO-3) and written by rank 0 in PEFT's format."""
+    import deepspeed
+
+    named = adapter_state(lm)
+    with deepspeed.zero.GatheredParameters([p for _, p in named], enabled=zero3):
+        tensors = [(n, p.detach().to("cpu", copy=True)) for n, p in named] if rank == 0 else []
+    if rank == 0:
+        write_adapter_folder(
+            state=peft_state(tensors, prefix=""),
+            peft_config=lm.peft_config["default"],  # PEFT keeps it on the model it adapted
+            base_model=str(lm.name_or_path),
+            out_dir=out_dir,
+        )
+
+
+def save_engine_checkpoint(
+    engine: Any, ckpt_dir: Path, tag: str, client_state: dict[str, Any]
+) -> None:
+    """Collective: DeepSpeed's checkpoint ckpt_dir/<tag> (+ `latest`). With LoRA adapters the
+    frozen base stays out: the module state holds the adapter factors, beside their optimizer
+    state (the base is the run's model folder, read again on resume)."""
+    engine.save_checkpoint(
+        str(ckpt_dir),
+        tag=tag,
+        client_state=client_state,
+        exclude_frozen_parameters=has_adapters(engine.module),
+    )
+
+
+def load_engine_checkpoint(
+    engine: Any,
+    ckpt_dir: Path,
+    module_only: bool = False,
+    with_scheduler: bool = True,
+) -> dict[str, Any] | None:
+    """Collective: load the newest checkpoint of ckpt_dir (returns its client state). With LoRA
+    adapters the module state must hold exactly the adapter factors (one-line UserError else)."""
+    load_fn = None
+    if has_adapters(engine.module):
+        expected = [n for n, _ in adapter_state(engine.module)]
+
+        def load_fn(src: dict[str, Any], dst: Any) -> None:
+            buffers = {n for n, _ in dst.named_buffers()}
+            keys = [k for k in src if k not in buffers]
+            check_adapter_state(keys, expected, where=str(ckpt_dir))
+            dst.load_state_dict(src, strict=False)
+
+    _, client = engine.load_checkpoint(
+        str(ckpt_dir),
+        load_module_only=module_only,
+        load_optimizer_states=not module_only,
+        load_lr_scheduler_states=with_scheduler and not module_only,
+        custom_load_fn=load_fn,
+    )
+    return client

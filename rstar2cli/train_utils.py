@@ -315,11 +315,11 @@ def save_hf(lm: Any, tokenizer: Any, out_dir: Path, zero3: bool, rank: int) -> P
     generation config, tokenizer) atomically from the gathered buckets. With LoRA adapters the
     folder holds the merged weights, and the adapter folder (PEFT's format) goes beside it as
     `<out_dir>_adapter`."""
-    from rstar2cli.lora import has_adapters
+    from rstar2cli.lora import has_adapters, save_adapter
 
     state = {name: t for bucket in weight_buckets(lm, zero3, rank == 0) for name, t in bucket}
     if has_adapters(lm):
-        _save_adapter(lm, out_dir.with_name(out_dir.name + "_adapter"), zero3, rank)
+        save_adapter(lm, out_dir.with_name(out_dir.name + "_adapter"), zero3, rank)
     if rank == 0:
         tmp = out_dir.with_name(out_dir.name + ".tmp")
         shutil.rmtree(tmp, ignore_errors=True)
@@ -330,24 +330,6 @@ def save_hf(lm: Any, tokenizer: Any, out_dir: Path, zero3: bool, rank: int) -> P
         shutil.rmtree(out_dir, ignore_errors=True)
         os.replace(tmp, out_dir)
     return out_dir
-
-
-def _save_adapter(lm: Any, out_dir: Path, zero3: bool, rank: int) -> None:
-    """Collective: the adapter factors gathered (ZeRO-3) and written by rank 0 in PEFT's format."""
-    import deepspeed
-
-    from rstar2cli.lora import adapter_state, peft_state, write_adapter_folder
-
-    named = adapter_state(lm)
-    with deepspeed.zero.GatheredParameters([p for _, p in named], enabled=zero3):
-        tensors = [(n, p.detach().to("cpu", copy=True)) for n, p in named] if rank == 0 else []
-    if rank == 0:
-        write_adapter_folder(
-            state=peft_state(tensors, prefix=""),
-            peft_config=lm.peft_config["default"],  # PEFT keeps it on the model it adapted
-            base_model=str(lm.name_or_path),
-            out_dir=out_dir,
-        )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -380,52 +362,6 @@ def set_rng_state(state: dict[str, Any]) -> None:
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
-
-
-def save_engine_checkpoint(
-    engine: Any, ckpt_dir: Path, tag: str, client_state: dict[str, Any]
-) -> None:
-    """Collective: DeepSpeed's checkpoint ckpt_dir/<tag> (+ `latest`). With LoRA adapters the
-    frozen base stays out: the module state holds the adapter factors, beside their optimizer
-    state (the base is the run's model folder, read again on resume)."""
-    from rstar2cli.lora import has_adapters
-
-    engine.save_checkpoint(
-        str(ckpt_dir),
-        tag=tag,
-        client_state=client_state,
-        exclude_frozen_parameters=has_adapters(engine.module),
-    )
-
-
-def load_engine_checkpoint(
-    engine: Any,
-    ckpt_dir: Path,
-    module_only: bool = False,
-    with_scheduler: bool = True,
-) -> dict[str, Any] | None:
-    """Collective: load the newest checkpoint of ckpt_dir (returns its client state). With LoRA
-    adapters the module state must hold exactly the adapter factors (one-line UserError else)."""
-    from rstar2cli.lora import adapter_state, check_adapter_state, has_adapters
-
-    load_fn = None
-    if has_adapters(engine.module):
-        expected = [n for n, _ in adapter_state(engine.module)]
-
-        def load_fn(src: dict[str, Any], dst: Any) -> None:
-            buffers = {n for n, _ in dst.named_buffers()}
-            keys = [k for k in src if k not in buffers]
-            check_adapter_state(keys, expected, where=str(ckpt_dir))
-            dst.load_state_dict(src, strict=False)
-
-    _, client = engine.load_checkpoint(
-        str(ckpt_dir),
-        load_module_only=module_only,
-        load_optimizer_states=not module_only,
-        load_lr_scheduler_states=with_scheduler and not module_only,
-        custom_load_fn=load_fn,
-    )
-    return client
 
 
 def step_tags(ckpt_dir: Path) -> list[Path]:

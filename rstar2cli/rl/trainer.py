@@ -349,7 +349,7 @@ class PolicyTrainer:
     def save_checkpoint(self, ckpt_dir: Path, step: int, client_state: dict[str, Any]) -> None:
         """Collective: every rank calls it. Writes ckpt_dir/step<N> and ckpt_dir/latest (with
         LoRA: the adapter and its optimizer state, not the frozen base)."""
-        from rstar2cli.train_utils import save_engine_checkpoint
+        from rstar2cli.lora import save_engine_checkpoint
 
         save_engine_checkpoint(self.engine, ckpt_dir, tag=f"step{step}", client_state=client_state)
 
@@ -358,7 +358,7 @@ class PolicyTrainer:
     ) -> dict[str, Any] | None:
         """Collective. Load the newest checkpoint of ckpt_dir; returns its client state (None:
         nothing there)."""
-        from rstar2cli.train_utils import load_engine_checkpoint
+        from rstar2cli.lora import load_engine_checkpoint
 
         if not (ckpt_dir / "latest").exists():
             return None

@@ -133,7 +133,7 @@ def _build_engine(recipe: SftRecipe, model_path: str, num_steps: int, world: int
 
 def _resume(engine: Any, ckpt_dir: Path) -> int:
     """Load the newest checkpoint if there is one; returns the number of steps already done."""
-    from rstar2cli.train_utils import load_engine_checkpoint
+    from rstar2cli.lora import load_engine_checkpoint
 
     if not (ckpt_dir / "latest").exists():
         return 0
@@ -145,7 +145,7 @@ def _resume(engine: Any, ckpt_dir: Path) -> int:
 
 
 def _save(engine: Any, ckpt_dir: Path, step: int, keep_last: int, rank: int) -> None:
-    from rstar2cli.train_utils import save_engine_checkpoint
+    from rstar2cli.lora import save_engine_checkpoint
 
     # with LoRA: the adapter and its optimizer state, not the frozen base
     save_engine_checkpoint(

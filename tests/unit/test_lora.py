@@ -165,28 +165,31 @@ def test_the_merged_push_sends_base_plus_ba(tiny_model_dir):
     assert sent == want
 
 
-def test_buckets_and_the_adapter_folder_peft_loads(tiny_model_dir, tmp_path):
+def test_final_folder_is_merged_and_the_adapter_beside_it_loads_in_peft(tiny_model_dir, tmp_path):
+    """train_utils.save_hf (no ZeRO) of an adapted model: final/ loads in transformers as the
+    adapted model, final_adapter/ in PEFT on the base as the same model."""
     import torch
     from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from rstar2cli.train_utils import weight_buckets
+    from rstar2cli.train_utils import save_hf
 
     lm = _adapted(tiny_model_dir)
-    state = {n: t for bucket in weight_buckets(lm, zero3=False, is_rank0=True) for n, t in bucket}
-    plain = _plain(tiny_model_dir)
-    assert set(state) >= {n for n, _ in plain.named_parameters()}
-    folder = lora.write_adapter_folder(
-        state=lora.peft_state(lora.adapter_state(lm), prefix=""),
-        peft_config=lm.peft_config["default"],
-        base_model=str(tiny_model_dir),
-        out_dir=tmp_path / "final_adapter",
-    )
-    config = json.loads((folder / "adapter_config.json").read_text())
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    final = save_hf(lm=lm, tokenizer=tok, out_dir=tmp_path / "final", zero3=False, rank=0)
+    adapter = tmp_path / "final_adapter"
+    config = json.loads((adapter / "adapter_config.json").read_text())
     assert (config["r"], config["lora_alpha"], config["task_type"]) == (RANK, ALPHA, "CAUSAL_LM")
-    loaded = PeftModel.from_pretrained(_plain(tiny_model_dir), folder)
-    plain.load_state_dict(state, strict=False)
+    assert config["base_model_name_or_path"] == str(tiny_model_dir)
+    merged = AutoModelForCausalLM.from_pretrained(final, dtype=torch.float32)
+    assert [n for n, _ in merged.named_parameters()] == [
+        n for n, _ in _plain(tiny_model_dir).named_parameters()
+    ]
+    on_base = PeftModel.from_pretrained(_plain(tiny_model_dir), adapter)
     ids = torch.arange(3, 23)[None]
-    torch.testing.assert_close(_logits(loaded, ids), _logits(plain, ids), rtol=1e-4, atol=1e-5)
+    want = _logits(lm, ids)
+    torch.testing.assert_close(_logits(merged, ids), want, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(_logits(on_base, ids), want, rtol=1e-4, atol=1e-5)
 
 
 def test_a_checkpoint_must_hold_exactly_this_adapter(tiny_model_dir):
