@@ -268,8 +268,8 @@ def check_adapter_state(keys: list[str], expected: list[str], where: str) -> Non
         missing, extra = sorted(want - got), sorted(got - want)
         raise UserError(
             f"{where} is not a checkpoint of this LoRA setup: {len(missing)} adapter tensors "
-            f"missing (e.g. {missing[:1]}), {len(extra)} unexpected (e.g. {extra[:1]}); resume "
-            "with the recipe's train.lora as it was, or start in another --out"
+            f"missing (e.g. {missing[:1]}), {len(extra)} unexpected (e.g. {extra[:1]}); set "
+            "train.lora as that run had it, or start from a model folder (its final/)"
         )
 
 
@@ -318,9 +318,14 @@ def save_adapter(lm: Any, out_dir: Path, zero3: bool, rank: int) -> None:
         write_adapter_folder(
             state=peft_state(tensors, prefix=""),
             peft_config=lm.peft_config["default"],  # PEFT keeps it on the model it adapted
-            base_model=str(lm.name_or_path),
+            base_model=_absolute(str(lm.name_or_path)),
             out_dir=out_dir,
         )
+
+
+def _absolute(path: str) -> str:
+    """A local folder as an absolute path (a later stage may run elsewhere); a hub id as it is."""
+    return str(Path(path).resolve()) if Path(path).is_dir() else path
 
 
 def save_engine_checkpoint(
@@ -344,16 +349,23 @@ def load_engine_checkpoint(
     with_scheduler: bool = True,
 ) -> dict[str, Any] | None:
     """Collective: load the newest checkpoint of ckpt_dir (returns its client state). With LoRA
-    adapters the module state must hold exactly the adapter factors (one-line UserError else)."""
-    load_fn = None
-    if has_adapters(engine.module):
-        expected = [n for n, _ in adapter_state(engine.module)]
+    adapters its module state must hold exactly the adapter factors, without them no factor at
+    all (one-line UserError else: DeepSpeed would load nothing, or fail on missing keys)."""
+    adapted = has_adapters(engine.module)
+    expected = [n for n, _ in adapter_state(engine.module)] if adapted else []
 
-        def load_fn(src: dict[str, Any], dst: Any) -> None:
-            buffers = {n for n, _ in dst.named_buffers()}
-            keys = [k for k in src if k not in buffers]
-            check_adapter_state(keys, expected, where=str(ckpt_dir))
-            dst.load_state_dict(src, strict=False)
+    def load_fn(src: dict[str, Any], dst: Any) -> None:
+        if not adapted:
+            if any(".lora_" in k for k in src):
+                raise UserError(
+                    f"{ckpt_dir} holds LoRA adapters and this run trains whole weights: set "
+                    "train.lora as that run had it, or start from a model folder (its final/)"
+                )
+            dst.load_state_dict(src)
+            return
+        buffers = {n for n, _ in dst.named_buffers()}
+        check_adapter_state([k for k in src if k not in buffers], expected, where=str(ckpt_dir))
+        dst.load_state_dict(src, strict=False)
 
     _, client = engine.load_checkpoint(
         str(ckpt_dir),
@@ -363,3 +375,14 @@ def load_engine_checkpoint(
         custom_load_fn=load_fn,
     )
     return client
+
+
+def run_base_model(run_dir: Path) -> str | None:
+    """The base model a finished LoRA run trained on (its final_adapter/ says), None for a run
+    of whole weights: a LoRA run's checkpoints continue on that base, not on its merged final/."""
+    config = run_dir / "final_adapter" / "adapter_config.json"
+    if not config.is_file():
+        return None
+    import json
+
+    return str(json.loads(config.read_text())["base_model_name_or_path"])

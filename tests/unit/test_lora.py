@@ -275,3 +275,18 @@ def test_qwen3_14b_with_lora_fits_one_80gb_gpu_where_whole_weights_are_refused(t
     assert gpu_fit.trainer_resident_bytes(1000, 3, world=4, trainable_numel=10) == (
         2 * 1010 // 4 + 40 // 4 + 120 // 4
     )
+
+
+def test_init_from_a_lora_stage_continues_on_its_base_not_its_merged_final(tmp_path):
+    from rstar2cli.commands.rl_stage import _resolve_init
+
+    run = tmp_path / "stage1"
+    (run / "final").mkdir(parents=True)
+    (run / "final" / "config.json").write_text("{}")
+    (run / "checkpoints").mkdir()
+    (run / "checkpoints" / "latest").write_text("step10")
+    assert _resolve_init(run, reset_optimizer=False) == (str(run / "final"), run / "checkpoints")
+    (run / "final_adapter").mkdir()
+    config = {"base_model_name_or_path": "/models/base", "r": 16}
+    (run / "final_adapter" / "adapter_config.json").write_text(json.dumps(config))
+    assert _resolve_init(run, reset_optimizer=True) == ("/models/base", run / "checkpoints")
