@@ -263,6 +263,10 @@ def _lora_push_checksums(trainer: Any, args: argparse.Namespace) -> tuple[int | 
 
 
 def stage_train_lora(args: argparse.Namespace) -> dict[str, Any]:
+    return _train_lora(args, zero_stage=3)  # ZeRO-3: the gathers the merge and saves go through
+
+
+def _train_lora(args: argparse.Namespace, zero_stage: int) -> dict[str, Any]:
     import math
 
     import torch
@@ -281,7 +285,7 @@ def stage_train_lora(args: argparse.Namespace) -> dict[str, Any]:
         num_mini_batches=2,  # the second is scored before the step: the old-log-prob pass
         kl_coef=0.1,  # the reference: the base, adapters off
         max_tokens_per_micro_batch=2 * tokens,
-        zero_stage=3,
+        zero_stage=zero_stage,
         gradient_checkpointing=True,
         precision="bf16" if on_gpu else "fp32",
         lora=LoraConfig(enabled=True, rank=8, alpha=16),
