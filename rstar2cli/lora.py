@@ -3,7 +3,8 @@
 - `LoraConfig`: the `train.lora` section of the SFT and RL recipes (off by default).
 - `add_adapters`: PEFT's LoRA layers injected into a transformers causal LM in place (the model
   keeps its class, so `ScoringLM`, gradient checkpointing and `save_pretrained` work as before);
-  every base parameter is frozen, the adapters alone train.
+  every base parameter is frozen, the adapters alone train, and the model's state_dict holds
+  the adapters alone (what a checkpoint saves).
 - `adapters_off` / `BaseOnly`: the adapted layers compute the base model's output (the KL
   reference of an RL step: the base with the adapter off, no second copy of the model).
 - `weight_sources`: the weights an engine or an HF folder needs, per module, under the names and
@@ -104,7 +105,17 @@ def add_adapters(lm: Any, cfg: LoraConfig) -> Any:
         ) from None
     for name, p in lm.named_parameters():
         p.requires_grad_(".lora_" in name)
+    lm.register_state_dict_post_hook(_adapter_only_state)
     return lm
+
+
+def _adapter_only_state(module: Any, state_dict: dict[str, Any], prefix: str, _: Any) -> None:
+    """NOTE: an adapted model's state (what a checkpoint holds) is its adapter: the frozen base,
+    tied aliases included (DeepSpeed's exclude_frozen_parameters misses the output layer tied to
+    the embedding), comes from the model folder again on resume."""
+    for name, p in module.named_parameters(remove_duplicate=False):
+        if not p.requires_grad:
+            state_dict.pop(prefix + name, None)
 
 
 def _peft_config(cfg: LoraConfig) -> Any:
