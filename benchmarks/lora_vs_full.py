@@ -26,7 +26,11 @@ Run (from the repository root; the SFT model as the pretrained quickstart makes 
 A check at the tiny model's size (minutes):
     rstar2 sft-coldstart --recipe recipes/tiny/sft.yaml --out runs/tiny-sft
     python -m benchmarks.lora_vs_full --model runs/tiny-sft/final --recipe recipes/tiny/rl.yaml \
-        --steps 2 --eval-problems 8 --eval-samples 2 --out runs/lora_vs_full_tiny
+        --steps 2 --eval-problems 8 --eval-samples 2 --set eval.every_steps=0 \
+        --out runs/lora_vs_full_tiny
+It ran end to end in 8.7 min on 2 shared cores. Its numbers say nothing about LoRA: at 0.36M
+parameters the trainer's state is tiny next to the driver's own memory, and 16 eval samples are
+noise. The SmolLM2 run above is the measurement.
 """
 
 from __future__ import annotations

@@ -20,8 +20,9 @@
   vLLM's LoRA loader read; train_utils.save_hf writes it beside the merged final/.
 
 What it does not do: build the DeepSpeed engine (train_utils.py), decide when to save, or load
-adapters into vLLM (pushes merged weights: vLLM's own adapter path was measured slower, see
-benchmarks/lora_vs_full.py's docstring). Kept free of torch/peft imports at module level.
+adapters into vLLM: engines get merged weights, since vLLM-CPU decodes through its LoRA kernels
+several times slower, which costs more than the cheaper adapter load saves
+(benchmarks/lora_push.py). Kept free of torch/peft imports at module level.
 Tested in tests/unit/test_lora.py (merge, names, gradients, adapter folder against PEFT) and
 tests/gpu/smoke.py's train_lora stage (an RL update under ZeRO-3, checkpoint and resume).
 """
