@@ -76,13 +76,13 @@ docs-ref: install
 # GPU smoke (tests/gpu/smoke.py) on a machine whose image has torch (CUDA), transformers and
 # accelerate but no vLLM, DeepSpeed or Ray: `make gpu-wheels` here (network), carry GPU_WHEELS,
 # then `make gpu-smoke` there (no network). The wheels: DeepSpeed built without ops (pure
-# Python, its CUDA ops are not used) and its and pydantic's requirements at the versions of this
-# venv, the compiled ones for CPython GPU_PYTHONS.
+# Python, its CUDA ops are not used), PEFT (the train_lora stage), and DeepSpeed's and pydantic's
+# requirements at the versions of this venv, the compiled ones for CPython GPU_PYTHONS.
 GPU_WHEELS ?= .gpu-wheels
 GPU_SITE ?= .gpu-site
 GPU_PY ?= python3
 GPU_PYTHONS ?= 3.10 3.11 3.12 3.13
-GPU_PURE := deepspeed pydantic annotated-types typing-inspection typing-extensions hjson \
+GPU_PURE := deepspeed pydantic annotated-types typing-inspection typing-extensions hjson peft \
 	py-cpuinfo einops dill
 GPU_BINARY := pydantic-core msgpack ninja psutil
 SMOKE_OUT ?= $(if $(OUT),$(OUT),.)/smoke.jsonl

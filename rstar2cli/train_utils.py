@@ -34,7 +34,10 @@ from collections.abc import Callable, Iterator
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from rstar2cli.lora import LoraConfig
 
 # NOTE: 256 MB: big enough that a 14B model syncs in ~100 buckets, small next to a GPU's memory.
 BUCKET_BYTES = 256 * 2**20
@@ -92,6 +95,7 @@ class DeepSpeedSpec:
     betas: tuple[float, float]
     weight_decay: float
     adam_eps: float = 1.0e-8
+    lora: LoraConfig | None = None  # adapters on the frozen base when enabled (rstar2cli/lora.py)
 
 
 def ds_config(zero_stage: int, bf16: bool, grad_clip: float, world: int) -> dict[str, Any]:
@@ -134,12 +138,18 @@ def build_deepspeed(spec: DeepSpeedSpec, world: int, lr_lambda: Callable[[int], 
 
     config = ds_config(spec.zero_stage, spec.bf16, spec.grad_clip, world)
     model = _scoring_model(spec.model_path, config, spec.bf16, spec.zero_stage == 3)
+    if spec.lora is not None and spec.lora.enabled:
+        from rstar2cli.lora import add_adapters
+
+        # NOTE ZeRO-3: the factors are made whole on every rank (same seed) after the base was
+        # partitioned; deepspeed.initialize partitions them from rank 0's copy
+        add_adapters(model.lm, spec.lora)
     if spec.gradient_checkpointing:
         model.lm.gradient_checkpointing_enable(
             gradient_checkpointing_kwargs={"use_reentrant": False}
         )
     optimizer = torch.optim.AdamW(
-        model.parameters(),
+        [p for p in model.parameters() if p.requires_grad],  # with LoRA: the adapters alone
         lr=spec.lr,
         betas=spec.betas,
         eps=spec.adam_eps,
@@ -297,25 +307,28 @@ def weight_buckets(
     `max_bucket_bytes`. Every rank must iterate it to the end: each module's parameters are
     gathered by all ranks together (ZeRO-3); rank 0's buckets hold the tensors, the other ranks'
     buckets are empty lists yielded at the same points. A tied weight is one tensor under both
-    of its names."""
+    of its names. With LoRA adapters the weights are the merged ones under the names of the
+    model without adapters (`rstar2cli.lora.weight_sources`)."""
     import deepspeed
+
+    from rstar2cli.lora import weight_sources
 
     bucket: list[tuple[str, Any]] = []
     num_bytes = 0
     shared: dict[int, Any] = {}
-    for _, named in _param_modules(lm):
-        params = [p.param for _, p in named]
+    for group in weight_sources(lm):
+        params = [p for src in group for p in src.params]
         with deepspeed.zero.GatheredParameters(params, enabled=zero3):
-            for name, p in named:
-                num_bytes += _full_numel(p.param) * p.param.element_size()
+            for src in group:
+                num_bytes += src.numel * src.params[0].element_size()
                 if not is_rank0:
                     continue
-                tensor = shared.get(id(p.param))
+                tensor = shared.get(id(src.params[0]))
                 if tensor is None:
-                    tensor = p.param.detach().to("cpu", copy=True)
-                    if p.shared:
-                        shared[id(p.param)] = tensor
-                bucket.append((name, tensor))
+                    tensor = src.full().detach().to("cpu", copy=True)
+                    if src.shared:
+                        shared[id(src.params[0])] = tensor
+                bucket.append((src.name, tensor))
         if num_bytes >= max_bucket_bytes:
             yield bucket
             bucket, num_bytes = [], 0
@@ -323,14 +336,16 @@ def weight_buckets(
         yield bucket
 
 
-def _full_numel(param: Any) -> int:
-    return int(getattr(param, "ds_numel", param.numel()))  # ds_numel: the unpartitioned size
-
-
 def save_hf(lm: Any, tokenizer: Any, out_dir: Path, zero3: bool, rank: int) -> Path:
     """Collective: every rank calls it. Rank 0 writes the HF folder (safetensors, config,
-    generation config, tokenizer) atomically from the gathered buckets."""
+    generation config, tokenizer) atomically from the gathered buckets. With LoRA adapters the
+    folder holds the merged weights, and the adapter folder (PEFT's format) goes beside it as
+    `<out_dir>_adapter`."""
+    from rstar2cli.lora import has_adapters, save_adapter
+
     state = {name: t for bucket in weight_buckets(lm, zero3, rank == 0) for name, t in bucket}
+    if has_adapters(lm):
+        save_adapter(lm, out_dir.with_name(out_dir.name + "_adapter"), zero3, rank)
     if rank == 0:
         tmp = out_dir.with_name(out_dir.name + ".tmp")
         shutil.rmtree(tmp, ignore_errors=True)

@@ -11,7 +11,8 @@ CUDA/HIP graphs, the CUDA context: RUNTIME_BYTES, as benchmarks/sim/workload.py 
 - An engine beside a trainer on one GPU (`check_shared_gpu`): the trainer's resident state
   (weights, gradients, optimizer: `trainer_resident_bytes`) plus the engine's share must fit the
   device; the engine sleeps while the trainer updates, so the update's activations come out of
-  the engine's share.
+  the engine's share. With LoRA the state is the bf16 base plus gradients and optimizer of the
+  adapter factors alone (`adapter_numel`, from the safetensors headers and the recipe's rank).
 Each refusal is one line naming the numbers and what to change.
 
 Device memory is read through NVML (`device_memory_bytes`), which needs no CUDA context in this
@@ -37,20 +38,46 @@ _DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "auto": 2}
 _SAFETENSORS_BYTES = {"F32": 4, "F16": 2, "BF16": 2, "F64": 8, "I64": 8, "I32": 4, "U8": 1}
 
 
-def model_numel(model_path: str | Path) -> int:
-    """Elements of every tensor in a HF folder's *.safetensors files (headers only)."""
-    total = 0
+def tensor_shapes(model_path: str | Path) -> list[tuple[str, tuple[int, ...]]]:
+    """(name, shape) of every tensor in a HF folder's *.safetensors files (headers only)."""
+    out = []
     for f in sorted(Path(model_path).glob("*.safetensors")):
         with f.open("rb") as handle:
             size = int.from_bytes(handle.read(8), "little")
             header = json.loads(handle.read(size))
-        for name, entry in header.items():
-            if name == "__metadata__":
-                continue
-            numel = 1
-            for d in entry["shape"]:
-                numel *= int(d)
-            total += numel
+        out += [
+            (n, tuple(int(d) for d in e["shape"])) for n, e in header.items() if n != "__metadata__"
+        ]
+    return out
+
+
+def model_numel(model_path: str | Path) -> int:
+    """Elements of every tensor in a HF folder's *.safetensors files (headers only)."""
+    return sum(shape_numel(shape) for _, shape in tensor_shapes(model_path))
+
+
+def shape_numel(shape: tuple[int, ...]) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+def adapter_numel(
+    shapes: list[tuple[str, tuple[int, ...]]], rank: int, target_modules: list[str]
+) -> int:
+    """Elements of the LoRA factors PEFT adds: rank x (in + out) for every 2-D weight whose
+    layer's last name part is a target (`<...>.q_proj.weight` for target q_proj)."""
+    total = 0
+    for name, shape in shapes:
+        parts = name.split(".")
+        if (
+            len(shape) == 2
+            and len(parts) >= 2
+            and parts[-1] == "weight"
+            and parts[-2] in target_modules
+        ):
+            total += rank * (shape[0] + shape[1])
     return total
 
 
@@ -97,12 +124,18 @@ def check_engine_fit(
     return fits
 
 
-def trainer_resident_bytes(numel: int, zero_stage: int, world: int) -> int:
+def trainer_resident_bytes(
+    numel: int, zero_stage: int, world: int, trainable_numel: int | None = None
+) -> int:
     """What a trainer rank keeps on its GPU between updates (mixed precision with fp32 master
     weights, AdamW, fp32 gradient accumulation): 2 B of bf16 weights, 4 of gradients, 12 of
-    fp32 master copy and Adam moments per parameter, the parts ZeRO partitions divided by the
-    ranks (stage 1: optimizer; 2: + gradients; 3: + weights). Activations are extra."""
-    weights, grads, optimizer = 2 * numel, 4 * numel, 12 * numel
+    fp32 master copy and Adam moments per trained parameter, the parts ZeRO partitions divided by
+    the ranks (stage 1: optimizer; 2: + gradients; 3: + weights). With LoRA `trainable_numel`
+    counts the adapter factors: the frozen base is 2 B a parameter, gradients and optimizer
+    state are the adapters' alone. Activations are extra."""
+    trained = numel if trainable_numel is None else trainable_numel
+    weights = 2 * numel if trainable_numel is None else 2 * (numel + trained)
+    grads, optimizer = 4 * trained, 12 * trained
     if zero_stage >= 1:
         optimizer //= world
     if zero_stage >= 2:
@@ -112,18 +145,26 @@ def trainer_resident_bytes(numel: int, zero_stage: int, world: int) -> int:
     return weights + grads + optimizer
 
 
-def check_shared_gpu(*, trainer_bytes: int, memory_fraction: float, device_bytes: int) -> None:
-    """An engine sharing a GPU with a trainer rank: both resident at once must fit; else one
-    line with what to do instead."""
+def check_shared_gpu(
+    *, trainer_bytes: int, memory_fraction: float, device_bytes: int, lora: bool = False
+) -> str:
+    """An engine sharing a GPU with a trainer rank: both resident at once must fit. Returns the
+    sum as one line; else a one-line UserError with the numbers and what to do instead."""
     engine = memory_fraction * device_bytes
+    what = "bf16 base and adapter state" if lora else "weights, gradients and optimizer"
+    numbers = (
+        f"the trainer's {what} ({_gib(trainer_bytes)}) and the engine's share "
+        f"({memory_fraction:.2f} x {_gib(device_bytes)} = {_gib(engine)})"
+    )
     if trainer_bytes + engine > device_bytes:
+        lora_hint = "" if lora else ", train LoRA adapters (train.lora.enabled)"
         raise UserError(
-            f"one GPU for trainer and engine: the trainer's weights, gradients and optimizer "
-            f"({_gib(trainer_bytes)}) and the engine's share ({memory_fraction:.2f} x "
-            f"{_gib(device_bytes)} = {_gib(engine)}) exceed the GPU's {_gib(device_bytes)}; "
+            f"one GPU for trainer and engine: {numbers} exceed the GPU's {_gib(device_bytes)}; "
             "give the engines their own GPU (a second GPU, or Ray with rollout.colocate: false), "
-            "lower rollout.gpu_memory_fraction, or raise train.zero_stage across more ranks"
+            f"lower rollout.gpu_memory_fraction{lora_hint}, or raise train.zero_stage across "
+            "more ranks"
         )
+    return f"one GPU for trainer and engine: {numbers} fit the GPU's {_gib(device_bytes)}"
 
 
 def device_memory_bytes(physical_id: str) -> int | None:

@@ -16,6 +16,10 @@ decoder layer's size the weights stream out layer by layer), rank 0 packs them i
 buffer and broadcasts it; the receivers slice the buffer back into named tensors. Nothing passes
 through the driver (it sends the plan, a list of names and shapes) and nothing touches a disk.
 
+A trainer with LoRA adapters sends the merged weights (base + (alpha / rank) B @ A, made per
+bucket inside its gather) under the names and shapes of the model without adapters, so the
+engines load them as they load whole-weight training's (rstar2cli/lora.py).
+
 Every bucket also yields a checksum (`checksum`: an exact integer over the bucket's bytes), so the
 driver can compare what each engine received with what the trainer sent.
 
@@ -146,11 +150,12 @@ def plan_buckets(
 
 
 def module_plan(module: Any, dtype: str, max_bucket_bytes: int = MAX_BUCKET_BYTES) -> SyncPlan:
-    """The plan of a torch module's parameters (HF names; tied ones once). Under ZeRO-3 a
-    parameter's own shape is its local shard's; `ds_shape` is the full one."""
-    shapes = [
-        (name, tuple(getattr(p, "ds_shape", p.shape))) for name, p in module.named_parameters()
-    ]
+    """The plan of a torch module's weights (HF names; tied ones once; full shapes, not ZeRO-3
+    shards'). With LoRA adapters: the merged weights under the names of the model without
+    them (`rstar2cli.lora.unique_sources`)."""
+    from rstar2cli.lora import unique_sources
+
+    shapes = [(src.name, src.shape) for src in unique_sources(module)]
     return plan_buckets(shapes, dtype, max_bucket_bytes)
 
 
@@ -298,7 +303,9 @@ def send_module(
     """
     import torch
 
-    params = dict(module.named_parameters())
+    from rstar2cli.lora import unique_sources
+
+    sources = {src.name: src for src in unique_sources(module)}
     sums: list[int] = []
     # two scratch buffers: bucket k+1 is gathered and packed while bucket k is on the wire
     num_scratch = 2 if group is not None else 0
@@ -306,13 +313,14 @@ def send_module(
     in_flight: list[Any] = [None, None]
     with torch.no_grad():
         for i, bucket in enumerate(plan.buckets):
-            tensors = [params[s.name] for s in bucket]
-            with _gathered(tensors, zero3):
+            made = [sources[s.name] for s in bucket]
+            with _gathered([p for src in made for p in src.params], zero3):
                 if group is None:
                     continue
                 if in_flight[i % 2] is not None:
                     in_flight[i % 2].wait()
-                buffer = pack(tensors, bucket, scratch[i % 2])
+                # NOTE: an adapted layer's merged weight is made here, one bucket at a time
+                buffer = pack([src.full() for src in made], bucket, scratch[i % 2])
                 sums.append(checksum(buffer))
                 in_flight[i % 2] = broadcast(group, buffer)
     for work in in_flight:

@@ -10,7 +10,8 @@ refused.
 
 `--init-from` takes an HF model folder (weights only; e.g. sft-coldstart's final/) or a previous
 rl-stage OUT (its final/ weights, plus its optimizer state unless `--reset-optimizer`, which is
-how stage 3 starts). Heavy imports happen inside the function.
+how stage 3 starts). A LoRA stage's OUT goes on with its adapter on the base it trained (its
+final_adapter/ names it), not on its merged final/. Heavy imports happen inside the function.
 Tested in tests/integration/test_rl_stage.py, tests/unit/test_rl_recipe.py and
 tests/cli/test_stage_preflight.py.
 """
@@ -148,7 +149,11 @@ def _resolve_init(init_from: Path, reset_optimizer: bool) -> tuple[str, Path | N
         return str(init_from), None
     final, ckpts = init_from / "final", init_from / "checkpoints"
     if (final / "config.json").is_file() and (ckpts / "latest").is_file():
-        return str(final), ckpts
+        from rstar2cli.lora import run_base_model
+
+        # NOTE: a LoRA run's checkpoint holds its adapter: it goes on its base, not on final/
+        # (the adapter merged in already)
+        return run_base_model(init_from) or str(final), ckpts
     raise UserError(
         f"--init-from {init_from}: expected a HF model folder (config.json) or a finished rl-stage "
         "OUT (final/ and checkpoints/)"

@@ -111,17 +111,40 @@ def check_shared_gpu(recipe: RlRecipe, model: str) -> None:
     engines' shares must fit it (gpu_fit.check_shared_gpu), else one line before any start."""
     import torch
 
-    from rstar2cli.cluster import gpu_fit
     from rstar2cli.cluster.placement import gpu_memory_fraction
 
     r = recipe
     per_engine = [(0,)] * r.rollout.num_engines
     share = gpu_memory_fraction(per_engine, True, r.rollout.gpu_memory_fraction)
-    numel = gpu_fit.model_numel(model)
-    gpu_fit.check_shared_gpu(
-        trainer_bytes=gpu_fit.trainer_resident_bytes(numel, r.train.zero_stage, world=1),
+    line = shared_gpu_fit(
+        recipe,
+        model=model,
         memory_fraction=share * r.rollout.num_engines,
         device_bytes=torch.cuda.get_device_properties(0).total_memory,
+    )
+    print(f"rl-stage: {line}")
+
+
+def shared_gpu_fit(
+    recipe: RlRecipe, *, model: str, memory_fraction: float, device_bytes: int
+) -> str:
+    """The one-line fit of one trainer rank beside engines taking `memory_fraction` of a GPU
+    (whole weights, or the bf16 base + adapter state with train.lora); UserError if it fails."""
+    from rstar2cli.cluster import gpu_fit
+
+    t = recipe.train
+    shapes = gpu_fit.tensor_shapes(model)
+    numel = sum(gpu_fit.shape_numel(shape) for _, shape in shapes)
+    trainable = None
+    if t.lora.enabled:
+        trainable = gpu_fit.adapter_numel(shapes, t.lora.rank, t.lora.target_modules)
+    return gpu_fit.check_shared_gpu(
+        trainer_bytes=gpu_fit.trainer_resident_bytes(
+            numel, t.zero_stage, world=1, trainable_numel=trainable
+        ),
+        memory_fraction=memory_fraction,
+        device_bytes=device_bytes,
+        lora=t.lora.enabled,
     )
 
 

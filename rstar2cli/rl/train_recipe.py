@@ -15,6 +15,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
+from rstar2cli.lora import LoraConfig
 from rstar2cli.recipe import RecipeModel
 
 
@@ -86,6 +87,22 @@ class RlTrainConfig(RecipeModel):
         "auto", description="auto: bf16 on GPU, fp32 on CPU."
     )
     seed: int = Field(0, description="Seed of data order, sampling, RoC draws and torch RNG.")
+    lora: LoraConfig = Field(
+        default_factory=LoraConfig,
+        description="LoRA adapters instead of whole weights (off in the paper recipes); a KL "
+        "term then uses the base with the adapters off, and dropout must be 0.0.",
+    )
+
+    @model_validator(mode="after")
+    def _lora_without_dropout(self) -> RlTrainConfig:
+        # NOTE: the old-log-prob pass runs without dropout; a training pass with it would score
+        # another policy, and the PPO ratio would drift from 1 with no update made
+        if self.lora.enabled and self.lora.dropout > 0.0:
+            raise ValueError(
+                f"lora.dropout ({self.lora.dropout}) must be 0.0 in RL: the old-log-prob pass and "
+                "the training pass must score the same policy"
+            )
+        return self
 
 
 class CorrectionConfig(RecipeModel):

@@ -147,6 +147,7 @@ class PolicyTrainer:
             lr=cfg.lr,
             betas=(cfg.adam_beta1, cfg.adam_beta2),
             weight_decay=cfg.weight_decay,
+            lora=cfg.lora,
         )
         # NOTE: DeepSpeed advances the schedule once per optimizer step; warm-up counts RL steps
         # (verl steps the actor's scheduler once per update), each num_mini_batches of them.
@@ -160,7 +161,11 @@ class PolicyTrainer:
 
         without_dropout(self.engine.module.lm)
         self.ref = None
-        if cfg.kl_coef > 0.0:
+        if cfg.kl_coef > 0.0 and cfg.lora.enabled:  # the base is in the engine: adapters off
+            from rstar2cli.lora import BaseOnly
+
+            self.ref = BaseOnly(self.engine)
+        elif cfg.kl_coef > 0.0:
             self.ref = build_frozen(model_path, cfg.zero_stage, bf16, world)
 
     # -- forward ----------------------------------------------------------------------------
@@ -358,21 +363,23 @@ class PolicyTrainer:
         )
 
     def save_checkpoint(self, ckpt_dir: Path, step: int, client_state: dict[str, Any]) -> None:
-        """Collective: every rank calls it. Writes ckpt_dir/step<N> and ckpt_dir/latest."""
-        self.engine.save_checkpoint(str(ckpt_dir), tag=f"step{step}", client_state=client_state)
+        """Collective: every rank calls it. Writes ckpt_dir/step<N> and ckpt_dir/latest (with
+        LoRA: the adapter and its optimizer state, not the frozen base)."""
+        from rstar2cli.lora import save_engine_checkpoint
+
+        save_engine_checkpoint(self.engine, ckpt_dir, tag=f"step{step}", client_state=client_state)
 
     def load_checkpoint(
         self, ckpt_dir: Path, module_only: bool = False, with_scheduler: bool = True
     ) -> dict[str, Any] | None:
         """Collective. Load the newest checkpoint of ckpt_dir; returns its client state (None:
         nothing there)."""
+        from rstar2cli.lora import load_engine_checkpoint
+
         if not (ckpt_dir / "latest").exists():
             return None
-        _, client = self.engine.load_checkpoint(
-            str(ckpt_dir),
-            load_module_only=module_only,
-            load_optimizer_states=not module_only,
-            load_lr_scheduler_states=with_scheduler and not module_only,
+        client = load_engine_checkpoint(
+            self.engine, ckpt_dir, module_only=module_only, with_scheduler=with_scheduler
         )
         return client or {}
 

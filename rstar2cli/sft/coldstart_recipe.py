@@ -16,6 +16,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
+from rstar2cli.lora import LoraConfig
 from rstar2cli.recipe import RecipeModel
 
 FORMATS = ("auto", "openai", "glaive", "toolace", "apigen", "instruction", "arith")
@@ -115,6 +116,11 @@ class TrainConfig(RecipeModel):
         "example so attention never crosses examples); off: one example per padded row.",
     )
     seed: int = Field(0, description="Seed of model init (tiny), data order and torch RNG.")
+    lora: LoraConfig = Field(
+        default_factory=LoraConfig,
+        description="LoRA adapters instead of whole weights (off in the paper recipe); final/ "
+        "holds the merged weights, final_adapter/ the adapter.",
+    )
 
     # NOTE: a validator of this section (not of the whole recipe) so it still runs, and is listed,
     # when other sections have problems of their own.

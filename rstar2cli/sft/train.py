@@ -21,7 +21,8 @@ Every `checkpoint.every_steps` it saves model, optimizer, scheduler, RNG states 
 same command loads the newest checkpoint and continues; on CPU the resumed run is bit-identical to
 an uninterrupted one. Output under OUT: metrics.jsonl, tb/ (TensorBoard), checkpoints/,
 rejects.jsonl, final/ (save_pretrained + tokenizer + chat template, what vLLM and `rl-stage`
-load). Tested in tests/integration/test_sft_resume.py (resume; 2 ranks under ZeRO 0/3).
+load). With `train.lora` the base stays frozen and adapters train (rstar2cli/lora.py): checkpoints
+hold the adapter and its optimizer state, final/ the merged weights, final_adapter/ the adapter. Tested in tests/integration/test_sft_resume.py (resume; 2 ranks under ZeRO 0/3).
 """
 
 from __future__ import annotations
@@ -118,6 +119,7 @@ def _build_engine(recipe: SftRecipe, model_path: str, num_steps: int, world: int
         betas=(t.adam_beta1, t.adam_beta2),
         weight_decay=t.weight_decay,
         adam_eps=t.adam_eps,
+        lora=t.lora,
     )
     warmup = math.ceil(t.warmup_ratio * num_steps)
     return build_deepspeed(
@@ -131,9 +133,11 @@ def _build_engine(recipe: SftRecipe, model_path: str, num_steps: int, world: int
 
 def _resume(engine: Any, ckpt_dir: Path) -> int:
     """Load the newest checkpoint if there is one; returns the number of steps already done."""
+    from rstar2cli.lora import load_engine_checkpoint
+
     if not (ckpt_dir / "latest").exists():
         return 0
-    _, client = engine.load_checkpoint(str(ckpt_dir))
+    client = load_engine_checkpoint(engine, ckpt_dir)
     if client is None:
         raise UserError(f"cannot load the checkpoint in {ckpt_dir}")
     set_rng_state(client["rng"])
@@ -141,8 +145,11 @@ def _resume(engine: Any, ckpt_dir: Path) -> int:
 
 
 def _save(engine: Any, ckpt_dir: Path, step: int, keep_last: int, rank: int) -> None:
-    engine.save_checkpoint(
-        str(ckpt_dir), tag=f"step{step}", client_state={"step": step, "rng": rng_state()}
+    from rstar2cli.lora import save_engine_checkpoint
+
+    # with LoRA: the adapter and its optimizer state, not the frozen base
+    save_engine_checkpoint(
+        engine, ckpt_dir, tag=f"step{step}", client_state={"step": step, "rng": rng_state()}
     )
     if rank == 0:
         prune_checkpoints(ckpt_dir, keep_last)

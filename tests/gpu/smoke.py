@@ -11,6 +11,10 @@ what it finished:
 - train_zero0 / train_zero2 / train_zero3: one RL update of `PolicyTrainer` (bf16, gradient
   checkpointing, 2 micro-batches of long trajectories): finite loss and grad norm, weights moved,
   the optimizer, the gradient accumulation dtype (fp32 under ZeRO 2/3), peak memory.
+- train_lora: LoRA RL updates under ZeRO-3 (2 mini-batches: the old-log-prob pass with the
+  adapter on; a KL term against the base with it off): the base unchanged, the adapter moved,
+  the broadcast push equal to the merged buckets, a checkpoint of the adapter alone that a new
+  trainer resumes to the same weights, final/ merged with final_adapter/ beside it.
 - buckets: weight buckets packed and unpacked on the device, checksums equal to the CPU's, and
   `send_module` through a one-member transfer group (NCCL on a GPU: its probe included).
 - sft_collectives: the SFT loss sums all-reduced on the engine's device over the default group
@@ -47,12 +51,13 @@ STAGES = (
     "train_zero0",
     "train_zero2",
     "train_zero3",
+    "train_lora",
     "buckets",
     "sft_collectives",
     "hf_engine",
     "agreement",
 )
-STAGE_TIMEOUT_S = {"train_zero0": 120, "train_zero2": 120, "train_zero3": 150}
+STAGE_TIMEOUT_S = {"train_zero0": 120, "train_zero2": 120, "train_zero3": 150, "train_lora": 180}
 DEFAULT_STAGE_TIMEOUT_S = 60
 SIZE_NAMES = ("tiny", "small", "100m")  # rstar2cli.data.tiny.SIZES
 
@@ -225,6 +230,117 @@ def stage_train_zero2(args: argparse.Namespace) -> dict[str, Any]:
 
 def stage_train_zero3(args: argparse.Namespace) -> dict[str, Any]:
     return _train(args, 3)
+
+
+def _gathered_copy(named: list[tuple[str, Any]]) -> dict[str, Any]:
+    import deepspeed
+
+    with deepspeed.zero.GatheredParameters([p for _, p in named]):
+        return {n: p.detach().to("cpu", copy=True) for n, p in named}
+
+
+def _merged(trainer: Any) -> dict[str, Any]:
+    return {n: t for b in trainer.weight_buckets() for n, t in b}
+
+
+def _lora_push_checksums(trainer: Any, args: argparse.Namespace) -> tuple[int | None, int]:
+    """The broadcast push through a one-member group, and the checksum of the disk path's
+    merged buckets packed by the same plan: both paths must send the same bytes."""
+    import torch
+
+    from rstar2cli.cluster import weight_sync as ws
+
+    wire = str(_dtype(args)).removeprefix("torch.")
+    plan = trainer.weight_plan(wire)
+    backend = "nccl" if args.device == "cuda" else "gloo"
+    group = ws.open_group(ws.GroupAddress("127.0.0.1", ws.free_port(), 1, backend), 0, 30)
+    sent = trainer.send_weights(group, plan)
+    merged = _merged(trainer)
+    scratch = ws.empty_buffer(ws._largest(plan), wire, "cpu")
+    with torch.no_grad():
+        sums = [ws.checksum(ws.pack([merged[s.name] for s in b], b, scratch)) for b in plan.buckets]
+    return sent, ws.combine(sums)
+
+
+def stage_train_lora(args: argparse.Namespace) -> dict[str, Any]:
+    return _train_lora(args, zero_stage=3)  # ZeRO-3: the gathers the merge and saves go through
+
+
+def _train_lora(args: argparse.Namespace, zero_stage: int) -> dict[str, Any]:
+    import math
+
+    import torch
+
+    from rstar2cli.lora import LoraConfig, adapter_state
+    from rstar2cli.rl.train_recipe import RlTrainConfig
+    from rstar2cli.rl.trainer import PolicyTrainer, plan_update
+    from rstar2cli.train_utils import init_distributed
+
+    on_gpu = args.device == "cuda"
+    init_distributed()
+    tokens = 1024 if on_gpu else 96
+    cfg = RlTrainConfig(
+        lr=1.0e-3,
+        warmup_steps=0,
+        num_mini_batches=2,  # the second is scored before the step: the old-log-prob pass
+        kl_coef=0.1,  # the reference: the base, adapters off
+        max_tokens_per_micro_batch=2 * tokens,
+        zero_stage=zero_stage,
+        gradient_checkpointing=True,
+        precision="bf16" if on_gpu else "fp32",
+        lora=LoraConfig(enabled=True, rank=8, alpha=16),
+    )
+    first = PolicyTrainer(str(args.model), cfg)
+    lm = first.engine.module.lm
+    base = [(n, p) for n, p in lm.named_parameters() if not p.requires_grad]
+    base_before = _gathered_copy(base)
+    adapter_before = _gathered_copy(adapter_state(lm))
+    vocab = len(first.tokenizer)
+    steps = [
+        plan_update(_samples(vocab, 8, tokens), 2, 1, cfg.max_tokens_per_micro_batch, (0, 0, k))
+        for k in (1, 2)
+    ]
+    began = time.perf_counter()
+    sums = first.update(steps[0][0][0], steps[0][1])
+    update_s = time.perf_counter() - began
+    base_moved = [n for n, t in _gathered_copy(base).items() if not torch.equal(t, base_before[n])]
+    adapter_after = _gathered_copy(adapter_state(lm))
+    adapter_moved = sum(not torch.equal(adapter_after[n], t) for n, t in adapter_before.items())
+    sent, packed = _lora_push_checksums(first, args)
+    work = Path(tempfile.mkdtemp(prefix="smoke-lora-"))
+    first.save_checkpoint(work / "ckpt", 1, {"step": 1})
+    states = next((work / "ckpt" / "step1").glob("*model_states.pt"))
+    module_keys = list(torch.load(states, weights_only=False)["module"])
+    first.update(steps[1][0][0], steps[1][1])
+    straight = _merged(first)
+    first.save_hf(work / "final")
+    del first
+    second = PolicyTrainer(str(args.model), cfg)
+    client = second.load_checkpoint(work / "ckpt")
+    second.update(steps[1][0][0], steps[1][1])
+    resumed = _merged(second)
+    resume_diff = max(float((straight[n] - t).abs().max()) for n, t in resumed.items())
+    out = {
+        "loss": sums.loss / max(1, sums.num_tokens),
+        "kl_ref": sums.kl_ref / max(1, sums.num_tokens),
+        "grad_norms": sums.grad_norms,
+        "base_moved": len(base_moved),
+        "adapter_moved": f"{adapter_moved}/{len(adapter_before)}",
+        "checkpoint_module_keys": len(module_keys),
+        "resume_max_abs_diff": resume_diff,
+        "final_files": sorted(p.name for p in (work / "final").iterdir()),
+        "adapter_files": sorted(p.name for p in (work / "final_adapter").iterdir()),
+        "update_s": round(update_s, 2),
+    }
+    assert math.isfinite(out["loss"]), "loss is not finite"
+    assert not base_moved, f"the frozen base moved: {base_moved[:3]}"
+    assert adapter_moved == len(adapter_before), f"adapter moved {out['adapter_moved']}"
+    assert sent == packed, "the broadcast push differs from the merged buckets"
+    assert set(module_keys) == {f"lm.{n}" for n in adapter_before}, "not the adapter alone"
+    assert client is not None and client.get("step") == 1, client
+    assert resume_diff <= (1e-2 if on_gpu else 0.0), f"resumed weights differ by {resume_diff}"
+    assert "adapter_model.safetensors" in out["adapter_files"]
+    return out
 
 
 def _model(args: argparse.Namespace, dtype: Any) -> Any:

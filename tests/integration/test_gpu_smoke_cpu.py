@@ -27,9 +27,11 @@ def test_smoke_script_runs_every_stage_on_the_cpu(tmp_path):
     assert [r["stage"] for r in rows] == list(runpy.run_path(str(SMOKE))["STAGES"])
     assert [r for r in rows if not r["ok"]] == [], proc.stderr[-2000:]
     assert proc.returncode == 0
-    train = {r["zero_stage"]: r for r in rows if r["stage"].startswith("train_")}
+    train = {r["zero_stage"]: r for r in rows if r["stage"].startswith("train_zero")}
     assert train[0]["optimizer"] == "AdamW" and train[2]["grad_accum_dtype"] == "float32"
     assert all(r["weights_moved"].split("/")[0] != "0" for r in train.values())
+    lora = next(r for r in rows if r["stage"] == "train_lora")  # ZeRO-3, fp32: exact resume
+    assert lora["base_moved"] == 0 and lora["resume_max_abs_diff"] == 0.0
     assert rows[-1]["float32_max_abs_logprob_diff"] < 1e-3  # engine vs trainer, same tokens
     assert next(r for r in rows if r["stage"] == "buckets")["num_buckets"] > 1
 
