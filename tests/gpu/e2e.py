@@ -251,6 +251,23 @@ class Run:
         self.distributions: set[str] = set()
         self.direct: set[str] = set()
         self.lock = threading.Lock()  # the sizes run in threads of their own
+        self.running: dict[int, subprocess.Popen[str]] = {}  # each stage's process, by pid
+
+    def end_on_sigterm(self) -> None:
+        """`timeout` or a scheduler stops the run: every stage's session dies with it (they run
+        in sessions of their own, which SIGTERM to this process alone would leave behind)."""
+
+        def stop(signum: int, frame: Any) -> None:
+            with self.lock:
+                procs = list(self.running.values())
+            for proc in procs:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+            row = {"stage": "summary", "device": self.device, "ok": False}
+            self.emit(row | {"failed": [*self.failed, "terminated (SIGTERM)"]})
+            os._exit(124)
+
+        signal.signal(signal.SIGTERM, stop)
 
     def env(self) -> dict[str, str]:
         env = {**os.environ, **OFFLINE, "PYTHONUNBUFFERED": "1"}
@@ -281,6 +298,8 @@ class Run:
                 text=True,
                 start_new_session=True,
             )
+        with self.lock:
+            self.running[proc.pid] = proc
         try:
             metrics = _wait(proc, stage.kill_when, timeout_s, log)
             if peaks.exists():
@@ -297,6 +316,8 @@ class Run:
                 self.failed.append(f"{size}/{stage.name}")
         finally:
             _end_group(proc)
+            with self.lock:
+                self.running.pop(proc.pid, None)
             with self.lock, open(self.args.log, "a", encoding="utf-8") as all_logs:
                 all_logs.write(f"\n==== {size}/{stage.name}: {' '.join(stage.child)}\n")
                 all_logs.write(log.read_text(errors="replace"))
@@ -587,6 +608,7 @@ def run_all(args: argparse.Namespace) -> int:
     work = args.work or Path(tempfile.mkdtemp(prefix="rstar2-e2e-"))
     work.mkdir(parents=True, exist_ok=True)
     run = Run(args, work, sandbox_url="")
+    run.end_on_sigterm()
     head = {"stage": "env", "device": run.device} | environment(args)
     try:
         daemon = spawn_daemon(workers=SANDBOX_WORKERS[args.device], timeout_s=5.0, memory_mb=512)

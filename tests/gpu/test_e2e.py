@@ -9,9 +9,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 E2E = Path(__file__).with_name("e2e.py")
 
 
+@pytest.mark.timeout(960)
 def test_every_e2e_stage_passes_on_the_gpu(tmp_path):
     out = tmp_path / "e2e.jsonl"
     proc = subprocess.run(

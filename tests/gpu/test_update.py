@@ -9,9 +9,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.timeout(960)
 def test_qwen3_0_6b_update_reports_its_mfu(tmp_path):
     out = tmp_path / "update.jsonl"
     proc = subprocess.run(
