@@ -59,6 +59,7 @@ PEAKS_VAR = "RSTAR2_E2E_PEAKS"  # where a stage's process writes its peak memory
 OWN = {"rstar2cli", "sandboxd", "benchmarks", "tests"}  # this repository's packages
 DIRECT: set[str] = set()  # top-level names the repository's own modules imported (trace_imports)
 SANDBOX_WORKERS = {"cuda": 8, "cpu": 2}
+VERSIONS = ("torch", "transformers", "deepspeed", "pydantic", "typer", "math-verify", "rich")
 
 
 def _norm(name: str) -> str:
@@ -583,8 +584,11 @@ def _weights_moved(before: Path, after: Path) -> str:
 def environment(args: argparse.Namespace) -> dict[str, Any]:
     """Versions and the device, read in a child (the driver keeps no CUDA context)."""
     code = (
-        "import json, platform, torch, transformers; d = {'python': platform.python_version(), "
-        "'torch': torch.__version__, 'transformers': transformers.__version__}\n"
+        "import json, platform, torch, importlib.metadata as md\n"
+        "d = {'python': platform.python_version()}\n"
+        "for n in " + repr(VERSIONS) + ":\n"
+        "    try: d[n] = md.version(n)\n"
+        "    except md.PackageNotFoundError: d[n] = None\n"
         "if torch.cuda.is_available(): d['gpu'] = torch.cuda.get_device_name(0)\n"
         "print(json.dumps(d))"
     )
