@@ -26,13 +26,12 @@ attention term for the causal mask (a causal kernel does about half that work), 
 recomputation: gradient checkpointing runs each layer's forward twice, about 8N per token of work,
 which MFU leaves out by definition.
 
-`--shapes A B C --time-limit-s T` runs the shapes in order while the next one's estimate (the
-previous shape's FLOP rate and set-up time, scaled) fits in T; the rest get a "skipped" line.
-`--device cpu --shape tiny` runs a tiny shape, a few short trajectories, in fp32 (no rated peak),
-for CI: tests/integration/test_gpu_update_cpu.py; the GPU run is tests/gpu/test_update.py.
-What it does not measure: several ranks, ZeRO-3's gathers, rollouts or the weight sync.
-
-Run (from the repository root, on a GPU machine): python -m benchmarks.gpu_update --shape qwen3-0.6b
+`--shapes A B C --time-limit-s T` runs shapes in order while the next one's estimate (scaled
+from the last) fits in T; the rest get a "skipped" line. `--device cpu --shape tiny`: a tiny
+shape, four short trajectories, fp32, for CI (tests/integration/test_gpu_update_cpu.py; on a GPU,
+tests/gpu/test_update.py). Not measured: several ranks, ZeRO-3's gathers, rollouts, the weight
+sync, padding (equal lengths: attention runs unmasked, as causal; rollouts of mixed lengths pad).
+Run from the repository root: python -m benchmarks.gpu_update --shape qwen3-0.6b
 """
 
 from __future__ import annotations
@@ -186,8 +185,7 @@ def matmul_tflops(device: str) -> float:
     import torch
 
     n, dtype = (8192, torch.bfloat16) if device == "cuda" else (1024, torch.float32)
-    a = torch.randn(n, n, device=device, dtype=dtype)
-    b = torch.randn(n, n, device=device, dtype=dtype)
+    a, b = (torch.randn(n, n, device=device, dtype=dtype) for _ in range(2))
     for _ in range(3):
         a @ b
     _sync(device)
@@ -199,10 +197,8 @@ def matmul_tflops(device: str) -> float:
 
 
 def _sync(device: str) -> None:
-    import torch
-
     if device == "cuda":
-        torch.cuda.synchronize()
+        sys.modules["torch"].cuda.synchronize()
 
 
 def build_trainer(folder: Path, device: str, b: Batch) -> Any:
@@ -344,8 +340,8 @@ def run_child(args: argparse.Namespace) -> int:
 
 
 def estimate_s(name: str, last: dict[str, Any], device: str) -> float:
-    """The next shape's seconds: set-up scaled by parameters, a warm-up (1/8) and the timed
-    update at the last shape's FLOP rate, and a profiled update if asked for."""
+    """The next shape's seconds: set-up scaled by parameters, then a warm-up (1/8) and the timed
+    update at the last shape's FLOP rate (run_shapes adds a quarter for --profile)."""
     s, b = SHAPES[name], BATCHES[device]
     rate = last["model_flop"] / last["update_s"]
     params = matrix_params(s) + s.vocab_size * s.hidden_size
