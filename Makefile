@@ -11,7 +11,7 @@ TEST_REPORTS ?= .test-reports
 PYTEST_XDIST ?= -n 2 --dist loadgroup --no-loadscope-reorder
 
 .PHONY: install test test-unit test-durations lint bench quickstart completions docs docs-ref clean \
-	smollm2 gpu-wheels gpu-smoke
+	smollm2 gpu-wheels gpu-smoke gpu-e2e gpu-update
 
 install: $(STAMP)
 
@@ -73,19 +73,29 @@ docs: install
 docs-ref: install
 	$(BIN)/python -m rstar2cli.docs_ref docs/reference
 
-# GPU smoke (tests/gpu/smoke.py) on a machine whose image has torch (CUDA), transformers and
-# accelerate but no vLLM, DeepSpeed or Ray: `make gpu-wheels` here (network), carry GPU_WHEELS,
-# then `make gpu-smoke` there (no network). The wheels: DeepSpeed built without ops (pure
-# Python, its CUDA ops are not used), PEFT (the train_lora stage), and DeepSpeed's and pydantic's
-# requirements at the versions of this venv, the compiled ones for CPython GPU_PYTHONS.
+# GPU runs on a machine whose image has torch (CUDA), transformers, accelerate, typer, rich, pyarrow
+# and matplotlib but no vLLM, DeepSpeed or Ray, and no network: `make gpu-wheels` here (network),
+# carry GPU_WHEELS, then `make gpu-smoke gpu-e2e gpu-update` there. The wheels: DeepSpeed built
+# without ops (pure Python, its CUDA ops are not used), PEFT (the smoke's train_lora stage), what
+# the CLI needs that the image lacks (pydantic, math-verify, a typer with its own click) and their
+# requirements, at the versions of this venv, the compiled ones for CPython GPU_PYTHONS. Each run
+# writes JSON lines under $(OUT).
 GPU_WHEELS ?= .gpu-wheels
 GPU_SITE ?= .gpu-site
 GPU_PY ?= python3
 GPU_PYTHONS ?= 3.10 3.11 3.12 3.13
 GPU_PURE := deepspeed pydantic annotated-types typing-inspection typing-extensions hjson peft \
-	py-cpuinfo einops dill
+	py-cpuinfo einops dill typer math-verify latex2sympy2_extended antlr4-python3-runtime
 GPU_BINARY := pydantic-core msgpack ninja psutil
-SMOKE_OUT ?= $(if $(OUT),$(OUT),.)/smoke.jsonl
+GPU_OUT = $(if $(OUT),$(OUT),.)
+SMOKE_OUT ?= $(GPU_OUT)/smoke.jsonl
+E2E_OUT ?= $(GPU_OUT)/e2e.jsonl
+UPDATE_OUT ?= $(GPU_OUT)/gpu_update.jsonl
+SMOKE_TIMEOUT_S ?= 480
+E2E_TIMEOUT_S ?= 480
+UPDATE_SHAPES ?= qwen3-0.6b qwen3-1.7b qwen3-4b
+UPDATE_TIME_S ?= 480
+UPDATE_ARGS ?=
 PINNED = $(BIN)/python -c "import importlib.metadata as m, sys; print(' '.join(f'{n}=={m.version(n)}' for n in sys.argv[1:]))"
 
 gpu-wheels: install
@@ -101,13 +111,28 @@ gpu-wheels: install
 	done
 	du -sh $(GPU_WHEELS)
 
-gpu-smoke:
+# the carried wheels installed once into GPU_SITE (the GPU targets put it on PYTHONPATH)
+$(GPU_SITE)/.installed:
 	@test -d $(GPU_WHEELS) || { echo "no $(GPU_WHEELS): run make gpu-wheels first"; exit 2; }
 	rm -rf $(GPU_SITE)
-	$(GPU_PY) -m pip install -q --no-index --no-deps --find-links $(GPU_WHEELS) \
+	$(GPU_PY) -m pip install -q --no-index --no-deps --no-compile --find-links $(GPU_WHEELS) \
 		--target $(GPU_SITE) $(GPU_PURE) $(GPU_BINARY)
-	PYTHONPATH=$(GPU_SITE) timeout 480 $(GPU_PY) tests/gpu/smoke.py --device cuda \
+	touch $@
+
+gpu-smoke: $(GPU_SITE)/.installed
+	PYTHONPATH=$(GPU_SITE) timeout $(SMOKE_TIMEOUT_S) $(GPU_PY) tests/gpu/smoke.py --device cuda \
 		--out $(SMOKE_OUT)
+
+# prepare-data -> sft-coldstart -> eval -> rl-stage (killed, resumed) -> eval, two model sizes
+gpu-e2e: $(GPU_SITE)/.installed
+	PYTHONPATH=$(GPU_SITE) timeout $(E2E_TIMEOUT_S) $(GPU_PY) tests/gpu/e2e.py --device cuda \
+		--out $(E2E_OUT)
+
+# one RL update's tokens/s and MFU, shape after shape while UPDATE_TIME_S allows
+# (UPDATE_ARGS=--profile adds torch.profiler's table of each)
+gpu-update: $(GPU_SITE)/.installed
+	PYTHONPATH=$(GPU_SITE) $(GPU_PY) -m benchmarks.gpu_update --shapes $(UPDATE_SHAPES) \
+		--time-limit-s $(UPDATE_TIME_S) --out $(UPDATE_OUT) $(UPDATE_ARGS)
 
 clean:
 	rm -rf $(VENV) quickstart_out .pytest_cache site
