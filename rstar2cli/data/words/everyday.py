@@ -128,8 +128,8 @@ EVERYDAY_TEMPLATES: tuple[WordTemplate, ...] = (
             "print(total)",
         ),
         phrasings=(
-            "A train ticket costs {adult_price} dollars for an adult and {child_price} dollars "
-            "for a child, each way. A group of {adults} adults and {children} children makes a "
+            "A train ticket costs ${adult_price} for an adult and ${child_price} for a child, "
+            "each way. A group of {adults} adults and {children} children makes a "
             "round trip. What do they pay in total?",
             "{name} books a return ferry trip for {adults} adults and {children} children. One "
             "way, adults pay {adult_price} dollars and children pay {child_price} dollars. How "
@@ -285,8 +285,8 @@ EVERYDAY_TEMPLATES: tuple[WordTemplate, ...] = (
         phrasings=(
             "A bakery bakes {dozens} dozen cookies and sells every cookie for {price} dollars. "
             "The ingredients cost {cost} dollars. What is the profit in dollars?",
-            "{name} spends {cost} dollars on ingredients to bake {dozens} dozen muffins, which "
-            "{he} sells at {price} dollars per muffin. How much profit does {he} make if all are "
+            "{name} spends ${cost} on ingredients to bake {dozens} dozen muffins, which {he} "
+            "sells at ${price} per muffin. How much profit does {he} make if all are "
             "sold?",
             "How many dollars of profit come from selling {dozens} dozen bagels at {price} "
             "dollars each, when making them cost {cost} dollars?",

@@ -20,17 +20,25 @@ from __future__ import annotations
 
 import random
 
+from rstar2cli.data.words.budget import BUDGET_TEMPLATES
 from rstar2cli.data.words.everyday import EVERYDAY_TEMPLATES
+from rstar2cli.data.words.groups import GROUPS_TEMPLATES
 from rstar2cli.data.words.home import HOME_TEMPLATES
 from rstar2cli.data.words.money import MONEY_TEMPLATES
 from rstar2cli.data.words.places import PLACES_TEMPLATES
-from rstar2cli.data.words.template import PEOPLE, WordTemplate, render
+from rstar2cli.data.words.template import PEOPLE, WordTemplate, render, spellable_slots
 
 TEMPLATES: tuple[WordTemplate, ...] = (
-    MONEY_TEMPLATES + EVERYDAY_TEMPLATES + PLACES_TEMPLATES + HOME_TEMPLATES
+    MONEY_TEMPLATES
+    + BUDGET_TEMPLATES
+    + EVERYDAY_TEMPLATES
+    + PLACES_TEMPLATES
+    + HOME_TEMPLATES
+    + GROUPS_TEMPLATES
 )
 # NOTE: chosen so every operation they use (rounding up, exact division, a third, sums of
-# products) also appears in some training template; what is new is the setting and the wording.
+# products, n - 1 gaps) also appears in some training template; what is new is the setting and
+# the wording.
 HELD_OUT_TEMPLATES = frozenset(
     {
         "buses_needed",
@@ -42,10 +50,13 @@ HELD_OUT_TEMPLATES = frozenset(
         "third_and_rest",
         "stock_left",
         "outing_cost",
+        "how_many_more",
+        "parking_fees",
     }
 )
 HELD_OUT_PHRASING = -1  # the last wording of each training template is test-only
 SOURCE = "synthetic/words"
+SPELLED_SHARE = 0.3  # of the numbers 2-12 in a question, the share written in words
 
 Pair = tuple[WordTemplate, int]  # a template and the index of one of its phrasings
 
@@ -74,7 +85,11 @@ def draw_problem(pair: Pair, rng: random.Random) -> dict:
     answer = template.answer(numbers)
     if not isinstance(answer, int) or answer <= 0:  # a template bug, never bad input
         raise AssertionError(f"template {template.key}: answer {answer!r} for {numbers}")
-    question, solution = render(template, phrasing=phrasing, numbers=numbers, person=person)
+    spellable = spellable_slots(template.phrasings[phrasing], numbers)
+    spelled = frozenset(s for s in spellable if rng.random() < SPELLED_SHARE)
+    question, solution = render(
+        template, phrasing=phrasing, numbers=numbers, person=person, spelled=spelled
+    )
     return {
         "question": question,
         "answer": str(answer),

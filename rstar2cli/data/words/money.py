@@ -81,8 +81,8 @@ MONEY_TEMPLATES: tuple[WordTemplate, ...] = (
         phrasings=(
             "{name} buys {count} mugs for a café at {price} dollars each and pays with {paid} "
             "dollars. How much change does {he} get back, in dollars?",
-            "At a kitchen shop, mugs cost {price} dollars apiece. {name} hands the cashier {paid} "
-            "dollars for {count} mugs. How many dollars of change should {he} receive?",
+            "At a kitchen shop, mugs cost ${price} apiece. {name} hands the cashier ${paid} for "
+            "{count} mugs. How many dollars of change should {he} receive?",
             "{name} paid with {paid} dollars. {He} bought {count} mugs, and each mug was {price} "
             "dollars. What change, in dollars, did {he} get?",
         ),
@@ -229,7 +229,7 @@ MONEY_TEMPLATES: tuple[WordTemplate, ...] = (
             "print(total)",
         ),
         phrasings=(
-            "{name} earns {rate} dollars an hour at a bike repair shop. {He} works {hours} hours "
+            "{name} earns ${rate} an hour at a bike repair shop. {He} works {hours} hours "
             "every weekday. How much does {he} earn in {weeks} weeks?",
             "Working {hours} hours on each weekday for {weeks} weeks, a warehouse helper is paid "
             "{rate} dollars per hour. What are the total earnings in dollars?",

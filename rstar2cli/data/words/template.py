@@ -8,7 +8,8 @@ slots are `{name}`, `{he}`, `{him}`, `{his}` and their capitalised forms.
 
 `render` fills one phrasing and writes the reference solution: one assignment per given number,
 in the order the numbers appear in that wording (so the code reads like the question), then the
-template's steps, which end with `print(...)`.
+template's steps, which end with `print(...)`. Small numbers may be written in words in the
+question ("five days"); the code always has digits.
 
 What it does not do: choose templates, split or check answers (`rstar2cli.data.words.generate`
 and tests/unit/test_words.py do).
@@ -17,6 +18,7 @@ and tests/unit/test_words.py do).
 from __future__ import annotations
 
 import random
+import re
 import string
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -70,12 +72,36 @@ def number_slots(phrasing: str) -> list[str]:
     return [f for f in dict.fromkeys(fields) if f not in PERSON_SLOTS]
 
 
+NUMBER_WORDS = dict(
+    enumerate("two three four five six seven eight nine ten eleven twelve".split(), start=2)
+)
+
+
+def spellable_slots(text: str, numbers: Numbers) -> list[str]:
+    """Number slots that may be written in words: 2-12, not a percent or a dollar amount."""
+    return [
+        slot
+        for slot in number_slots(text)
+        if numbers[slot] in NUMBER_WORDS
+        and f"{{{slot}}}%" not in text
+        and f"${{{slot}}}" not in text
+    ]
+
+
 def render(
-    template: WordTemplate, phrasing: int, numbers: Numbers, person: Person
+    template: WordTemplate,
+    phrasing: int,
+    numbers: Numbers,
+    person: Person,
+    spelled: frozenset[str] = frozenset(),
 ) -> tuple[str, str]:
-    """(question, reference solution) of one wording with these numbers."""
+    """(question, reference solution) of one wording with these numbers; the slots in `spelled`
+    are written in words in the question ("five days"), always in digits in the code."""
     text = template.phrasings[phrasing]
-    question = text.format(**numbers, **person.slots())
+    shown = {k: NUMBER_WORDS[v] if k in spelled else v for k, v in numbers.items()}
+    question = text.format(**shown, **person.slots())
+    # NOTE: a number word that opens a sentence is capitalised ("Five friends eat out.")
+    question = re.sub(r"(^|[.?!] )([a-z])", lambda m: m.group(1) + m.group(2).upper(), question)
     given = [f"{slot} = {numbers[slot]}" for slot in number_slots(text)]
     return question, "\n".join([*given, *template.steps])
 
