@@ -34,15 +34,15 @@ GSM8K = Path(__file__).resolve().parents[2] / ".." / "shared" / "data" / "eval" 
 
 @pytest.fixture(scope="module")
 def words():
-    return make_words(1000, seed=0)
+    return make_words(2000, seed=0)
 
 
 def test_deterministic_per_seed_and_the_same_through_make_synthetic(words):
-    assert make_synthetic("words", 1000, seed=0) == words
-    other_train, _ = make_words(1000, seed=1)
+    assert make_synthetic("words", 2000, seed=0) == words
+    other_train, _ = make_words(2000, seed=1)
     assert [r["question"] for r in other_train] != [r["question"] for r in words[0]]
     train, test = words
-    assert (len(train), len(test)) == (800, 200)
+    assert (len(train), len(test)) == (1600, 400)
     questions = [r["question"] for r in train + test]
     assert len(set(questions)) == len(questions)
     ids = [r["id"] for r in train + test]
@@ -102,7 +102,7 @@ def test_split_shares_no_template_and_no_phrasing(words):
         assert (r["template"] in HELD_OUT_TEMPLATES) == (r["held_out"] == "template")
         assert r["held_out"] == "template" or r["template"] in train_templates
     all_train, new_template, new_phrasing = split_pairs()
-    assert train_pairs == {(t.key, i) for t, i in all_train}  # 800 problems cover all 72 pairs
+    assert train_pairs == {(t.key, i) for t, i in all_train}  # 1600 problems cover all of them
     assert {(r["template"], r["phrasing"]) for r in test} <= {
         (t.key, i) for t, i in new_template + new_phrasing
     }

@@ -54,6 +54,8 @@ BUDGET_TEMPLATES: tuple[WordTemplate, ...] = (
             "A shop sells refurbished phones at ${sell} each. Every phone was bought for ${buy} "
             "and needed ${repair} of repairs. What profit, in dollars, does the shop make on "
             "{count} phones?",
+            "{name} restores {count} old lamps. Each lamp cost {buy} dollars to buy and {repair} "
+            "dollars in parts, and each sells for {sell} dollars. How much profit does {he} make?",
             "How many dollars of profit come from {count} second-hand chairs bought at {buy} "
             "dollars apiece, repainted for {repair} dollars apiece, and sold at {sell} dollars "
             "apiece?",
@@ -74,6 +76,8 @@ BUDGET_TEMPLATES: tuple[WordTemplate, ...] = (
             "what was left on a helmet. How much money does {he} have now?",
             "A school club starts the year with ${money}. It uses half of the money for a trip, "
             "then one third of the remainder for equipment. How many dollars are left?",
+            "A charity receives {money} dollars. Half is spent on food, and one third of the "
+            "remaining money is spent on blankets. How much money has not been spent?",
             "Out of {money} dollars, half goes to rent and a third of the rest goes to food. How "
             "many dollars remain after both?",
         ),
@@ -94,6 +98,9 @@ BUDGET_TEMPLATES: tuple[WordTemplate, ...] = (
             "weeks?",
             "Each week {name} earns ${allowance} walking dogs and spends ${spend} on snacks. {He} "
             "started with ${start}. How many dollars does {he} have after {weeks} weeks?",
+            "{name} starts with {start} dollars. {He} earns {allowance} dollars a week from "
+            "chores and spends {spend} dollars a week. How much money does {he} have after "
+            "{weeks} weeks?",
             "How much money will be in a savings box after {weeks} weeks if it holds {start} "
             "dollars now and each week {allowance} dollars go in and {spend} dollars come out?",
         ),

@@ -93,6 +93,8 @@ EVERYDAY_TEMPLATES: tuple[WordTemplate, ...] = (
             "hour for {hours2} hours. How many kilometres does it travel in all?",
             "{name} drives {hours1} hours on the highway at {speed1} km/h and then {hours2} hours "
             "on country roads at {speed2} km/h. What total distance does {he} cover, in km?",
+            "A motorbike rider keeps {speed1} km/h for {hours1} hours and {speed2} km/h for the "
+            "next {hours2} hours. How many km does the rider travel?",
             "How far, in kilometres, does a truck go if it spends {hours1} hours at {speed1} "
             "kilometres per hour and another {hours2} hours at {speed2} kilometres per hour?",
         ),
@@ -108,6 +110,8 @@ EVERYDAY_TEMPLATES: tuple[WordTemplate, ...] = (
             "per litre. How much does fuel cost for a trip of {distance} km?",
             "{name} plans a {distance} km road trip. {His} car goes {km_per_litre} km per litre, "
             "and fuel is {price} dollars a litre. How many dollars will {he} spend on fuel?",
+            "How many dollars of fuel does a {distance} km delivery route need if the truck "
+            "covers {km_per_litre} km per litre and fuel is {price} dollars per litre?",
             "At {price} dollars per litre, what is the fuel bill for driving {distance} "
             "kilometres in a car that travels {km_per_litre} kilometres on each litre?",
         ),
@@ -134,6 +138,9 @@ EVERYDAY_TEMPLATES: tuple[WordTemplate, ...] = (
             "{name} books a return ferry trip for {adults} adults and {children} children. One "
             "way, adults pay {adult_price} dollars and children pay {child_price} dollars. How "
             "many dollars does the return trip cost?",
+            "Museum boat tours cost {adult_price} dollars per adult and {child_price} dollars per"
+            " child for each direction. {name} takes {adults} adults and {children} children "
+            "there and back. How much does it cost?",
             "How much does a round trip cost, in dollars, for {children} kids and {adults} "
             "grown-ups if a one-way ticket is {child_price} dollars per kid and {adult_price} "
             "dollars per grown-up?",
@@ -151,6 +158,8 @@ EVERYDAY_TEMPLATES: tuple[WordTemplate, ...] = (
             "{name} is cycling a {total} km route across the country. {He} has ridden {day1} km "
             "in the first week and {day2} km in the second week. How far does {he} still have "
             "to go, in km?",
+            "A truck must deliver goods {total} km away. It drives {day1} km on Monday and {day2}"
+            " km on Tuesday. How many more kilometres must it drive?",
             "After covering {day1} km and then {day2} km, how many kilometres of a {total} km "
             "journey remain?",
         ),
@@ -185,6 +194,8 @@ EVERYDAY_TEMPLATES: tuple[WordTemplate, ...] = (
             "many hours does {he} practise in {weeks} weeks?",
             "For {weeks} weeks, a swimmer trains {days} days each week, {minutes} minutes per "
             "session. How many hours of training is that?",
+            "{name} spends {minutes} minutes on homework on {days} days of every week. How many "
+            "hours is that over {weeks} weeks?",
             "How many hours in total does a choir rehearse over {weeks} weeks if it meets {days} "
             "times a week for {minutes} minutes each time?",
         ),
@@ -200,6 +211,8 @@ EVERYDAY_TEMPLATES: tuple[WordTemplate, ...] = (
             "{per_day} pages each day. How many more days will it take {him} to finish?",
             "{name} reads {per_day} pages every evening. So far {he} has finished {read} pages of "
             "a {pages}-page book. How many evenings are left until {he} finishes it?",
+            "A report is {pages} pages long. {name} has checked {read} pages and checks {per_day}"
+            " more pages each day. In how many days will {he} finish checking it?",
             "How many days does it take to read the rest of a {pages}-page manual at {per_day} "
             "pages a day, if the first {read} pages are already done?",
         ),
@@ -226,6 +239,9 @@ EVERYDAY_TEMPLATES: tuple[WordTemplate, ...] = (
             "{name} watches {films} documentaries back to back, each {length} minutes long, "
             "taking a {pause}-minute pause between one and the next. How long does it take in "
             "minutes?",
+            "A school holds {films} exams in a row on one day. Each exam is {length} minutes long"
+            " and there are {pause} minutes between exams. How many minutes pass from the start "
+            "of the first exam to the end of the last?",
             "There are {films} talks at a conference, one after another, with {pause} minutes "
             "between consecutive talks. If every talk is {length} minutes, how many minutes pass "
             "from the start of the first talk to the end of the last?",
@@ -252,6 +268,8 @@ EVERYDAY_TEMPLATES: tuple[WordTemplate, ...] = (
             "the sum of their ages be in {years} years?",
             "{name}'s uncle is {times} times as old as {name}, who is {age}. How old will the two "
             "of them be together {years} years from now?",
+            "{name}'s mother is {times} times as old as {name}. {name} is {age}. What will their "
+            "ages add up to in {years} years?",
             "In {years} years, what will {name} and {his} aunt's ages add up to, if {name} is "
             "{age} now and the aunt is {times} times as old?",
         ),
@@ -288,6 +306,9 @@ EVERYDAY_TEMPLATES: tuple[WordTemplate, ...] = (
             "{name} spends ${cost} on ingredients to bake {dozens} dozen muffins, which {he} "
             "sells at ${price} per muffin. How much profit does {he} make if all are "
             "sold?",
+            "A school bake sale sells {dozens} dozen brownies at {price} dollars per brownie. The"
+            " baking supplies cost {cost} dollars. How much money does the sale raise after "
+            "paying for supplies?",
             "How many dollars of profit come from selling {dozens} dozen bagels at {price} "
             "dollars each, when making them cost {cost} dollars?",
         ),
@@ -309,6 +330,8 @@ EVERYDAY_TEMPLATES: tuple[WordTemplate, ...] = (
             "Every day a juice stand pays {costs} dollars in costs and sells {sold} juices for "
             "{price} dollars apiece. What is the stand's total profit over {days} days, in "
             "dollars?",
+            "A lemonade stand sells {sold} cups a day at {price} dollars a cup and spends {costs}"
+            " dollars a day on lemons and sugar. What is its profit after {days} days?",
             "Over {days} days, how much money does a food truck clear after costs if it sells "
             "{sold} tacos a day at {price} dollars per taco and spends {costs} dollars a day to "
             "run?",
@@ -325,6 +348,8 @@ EVERYDAY_TEMPLATES: tuple[WordTemplate, ...] = (
             "kilometres will the cyclist cover in {hours2} hours?",
             "{name} rowed {distance} km in {hours} hours at a steady pace. How far would {he} "
             "row in {hours2} hours at that pace?",
+            "A slow mountain train covers {distance} km in {hours} hours. At that speed, how many"
+            " km does it cover in {hours2} hours?",
             "At a constant speed, a boat goes {distance} km in {hours} hours. What distance, in "
             "km, does it travel in {hours2} hours?",
         ),

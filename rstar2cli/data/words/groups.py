@@ -40,6 +40,9 @@ GROUPS_TEMPLATES: tuple[WordTemplate, ...] = (
             "in all?",
             "{percent}% of the {members} runners in a club will race this weekend, and the entry "
             "fee is ${price} per runner. What do the club's entry fees add up to, in dollars?",
+            "A company has {members} employees, and {percent}% of them sign up for a training "
+            "course that costs {price} dollars per person. What does the company pay for the "
+            "course?",
             "Each volunteer gets a {price} dollar lunch voucher. If {percent}% of a town's "
             "{members} residents volunteer for the clean-up day, how many dollars do the "
             "vouchers cost?",
@@ -69,6 +72,9 @@ GROUPS_TEMPLATES: tuple[WordTemplate, ...] = (
             "A bookshop sold {first} books on Monday, {more} more on Tuesday than on Monday, and "
             "{times} times Tuesday's number on Wednesday. How many books did it sell over the "
             "three days?",
+            "Three friends collect shells. The first finds {first}, the second finds {more} more "
+            "than the first, and the third finds {times} times as many as the second. How many "
+            "shells do they find in all?",
             "Three beehives are weighed for honey. The first gives {first} grams; the second "
             "gives {more} grams more than the first; the third gives {times} times as much as the "
             "second. How many grams of honey is that altogether?",
@@ -94,6 +100,8 @@ GROUPS_TEMPLATES: tuple[WordTemplate, ...] = (
             "many bottles does it fill in {days} days?",
             "{name} can fold {per_minute} flyers a minute. If {he} folds for {hours} hours on each "
             "of {days} days, how many flyers does {he} fold?",
+            "A bakery oven turns out {per_minute} rolls per minute. It is used {hours} hours each"
+            " day. How many rolls does it bake in {days} days?",
             "How many envelopes are stamped in {days} days by a machine that stamps {per_minute} "
             "envelopes per minute and works {hours} hours each day?",
         ),
@@ -125,6 +133,8 @@ GROUPS_TEMPLATES: tuple[WordTemplate, ...] = (
             "eat {lost} seedlings. How many seedlings are left?",
             "{name} sets out {per_row} tulip bulbs in each of {rows} rows, but {lost} bulbs never "
             "come up. How many tulips grow?",
+            "A vineyard has {rows} rows of {per_row} vines. Disease kills {lost} vines. How many "
+            "vines are still alive?",
             "After {lost} of them were damaged by frost, how many pepper plants survived from "
             "{rows} rows holding {per_row} plants each?",
         ),

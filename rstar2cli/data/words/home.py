@@ -63,6 +63,8 @@ HOME_TEMPLATES: tuple[WordTemplate, ...] = (
             "saves {weekly} dollars each week. How many more weeks until {he} can afford it?",
             "A laptop costs {price} dollars. {name} already has {saved} dollars and puts away "
             "{weekly} dollars every week. After how many weeks will {he} have enough?",
+            "A guitar costs {price} dollars. {name} has {saved} dollars and adds {weekly} dollars"
+            " a week. How many weeks must {he} save before {he} can buy the guitar?",
             "Saving {weekly} dollars a week on top of the {saved} dollars already in {his} piggy "
             "bank, how many weeks will it take {name} to reach {price} dollars?",
         ),
@@ -78,6 +80,8 @@ HOME_TEMPLATES: tuple[WordTemplate, ...] = (
             "adds {rate} litres per minute. How many minutes does it take to fill the tank?",
             "A pool has {current} litres of water in it and takes {capacity} litres when full. "
             "If a hose pours in {rate} litres a minute, how long, in minutes, until it is full?",
+            "A fish tank can hold {capacity} litres. It has {current} litres now, and water flows"
+            " in at {rate} litres per minute. How many minutes until the tank is full?",
             "How many minutes will it take to top up a {capacity} litre rain barrel that has "
             "{current} litres in it, using a tap that gives {rate} litres each minute?",
         ),
@@ -104,6 +108,9 @@ HOME_TEMPLATES: tuple[WordTemplate, ...] = (
             "{name} is tiling a patio that measures {width} metres by {length} metres. It takes "
             "{per_m2} tiles to cover one square metre, at {price} dollars per tile. What is the "
             "cost of the tiles in dollars?",
+            "A bathroom wall is {length} m wide and {width} m high. Covering one square metre "
+            "takes {per_m2} tiles, and a tile costs {price} dollars. What do the tiles cost in "
+            "total?",
             "Tiles cost {price} dollars each and {per_m2} tiles cover a square metre. How many "
             "dollars are needed to tile a rectangular hall {length} metres long and {width} "
             "metres wide?",
@@ -152,6 +159,8 @@ HOME_TEMPLATES: tuple[WordTemplate, ...] = (
             "Training for a marathon, a runner covers {long_run} km in one long run each week "
             "plus {km} km on each of the five weekdays. What distance is covered in {weeks} "
             "weeks?",
+            "Every weekday {name} walks {km} km, and on Sundays {he} walks {long_run} km. How far"
+            " does {he} walk in {weeks} weeks?",
             "How many kilometres does a cyclist ride in {weeks} weeks riding {km} km Monday to "
             "Friday and {long_run} km each Sunday?",
         ),
@@ -167,6 +176,8 @@ HOME_TEMPLATES: tuple[WordTemplate, ...] = (
             "How many stamps do they have together?",
             "A museum has {first} old coins. A second museum has twice as many plus {more} more. "
             "How many coins do the two museums hold in all?",
+            "A farm has {first} sheep. A neighbouring farm has {more} more than twice that "
+            "number. How many sheep are on the two farms together?",
             "How many cards do two friends have altogether if one has {first} cards and the "
             "other has {more} more than double that number?",
         ),

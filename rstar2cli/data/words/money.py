@@ -83,6 +83,8 @@ MONEY_TEMPLATES: tuple[WordTemplate, ...] = (
             "dollars. How much change does {he} get back, in dollars?",
             "At a kitchen shop, mugs cost ${price} apiece. {name} hands the cashier ${paid} for "
             "{count} mugs. How many dollars of change should {he} receive?",
+            "How much change is due to {name}, in dollars, after paying {paid} dollars for "
+            "{count} mugs that cost {price} dollars each?",
             "{name} paid with {paid} dollars. {He} bought {count} mugs, and each mug was {price} "
             "dollars. What change, in dollars, did {he} get?",
         ),
@@ -110,6 +112,9 @@ MONEY_TEMPLATES: tuple[WordTemplate, ...] = (
             "Socks cost {sock_price} dollars a pair and shirts cost {shirt_price} dollars each. "
             "{name} buys {socks} pairs of socks and {shirts} shirts for a sports club. How many "
             "dollars does {he} spend?",
+            "A dance school buys uniforms: {shirts} shirts costing {shirt_price} dollars apiece "
+            "and {socks} pairs of socks costing {sock_price} dollars per pair. How much money "
+            "does the school pay?",
             "{name} spent money on {shirts} shirts, each priced at {shirt_price} dollars, plus "
             "{socks} pairs of socks at {sock_price} dollars per pair. Find the total amount {he} "
             "spent in dollars.",
@@ -132,6 +137,8 @@ MONEY_TEMPLATES: tuple[WordTemplate, ...] = (
             "{name} wants {count} jackets for {his} hiking group. The shop takes {percent}% off "
             "the regular price of {price} dollars per jacket. What will {he} pay in total, in "
             "dollars?",
+            "A store marks down its {price}-dollar jackets by {percent}% for one weekend. {name} "
+            "buys {count} of them. How many dollars does {he} spend?",
             "With {percent}% off, how many dollars do {count} jackets cost if one jacket is "
             "regularly priced at {price} dollars?",
         ),
@@ -147,6 +154,8 @@ MONEY_TEMPLATES: tuple[WordTemplate, ...] = (
             "dollars each. How many dollars are left over?",
             "Board games sell for {price} dollars each. If {name} spends {his} {budget} dollars "
             "on as many games as {he} can afford, how much money remains?",
+            "Notebooks are {price} dollars each. {name} buys as many as {his} {budget} dollars "
+            "allow. How many dollars does {he} keep?",
             "A toy store prices each board game at {price} dollars. {name} brings {budget} "
             "dollars and buys the largest number of games {he} can. What amount, in dollars, is "
             "left?",
@@ -164,6 +173,8 @@ MONEY_TEMPLATES: tuple[WordTemplate, ...] = (
             "{name} has a budget of {budget} dollars for yoga. The studio asks for a one-time fee "
             "of {fee} dollars, and each class is {price} dollars. What is the largest number of "
             "classes {he} can pay for?",
+            "Swimming lessons cost {price} dollars each, plus a registration fee of {fee} dollars"
+            " paid once. How many lessons can {name} pay for with {budget} dollars?",
             "Each dance class costs {price} dollars after a sign-up fee of {fee} dollars. With "
             "{budget} dollars, how many classes can {name} attend at most?",
         ),
@@ -194,6 +205,9 @@ MONEY_TEMPLATES: tuple[WordTemplate, ...] = (
             "The delivery fee is {delivery} dollars. On top of that, a cook buys {sacks} sacks of "
             "onions for {sack_price} dollars each and {crates} crates of tomatoes for "
             "{crate_price} dollars each. How much is paid altogether?",
+            "A café pays {delivery} dollars for delivery, {crate_price} dollars for each of "
+            "{crates} crates of tomatoes, and {sack_price} dollars for each of {sacks} sacks of "
+            "onions. What is the total cost in dollars?",
             "How many dollars does a kitchen spend on {crates} crates of tomatoes priced at "
             "{crate_price} dollars per crate, {sacks} onion sacks priced at {sack_price} dollars "
             "per sack, and a {delivery} dollar delivery charge?",
@@ -210,6 +224,8 @@ MONEY_TEMPLATES: tuple[WordTemplate, ...] = (
             "packs must the organisers buy?",
             "For a street party, {name} needs {needed} paper plates. Plates are sold only in "
             "packs of {pack}. What is the fewest packs {he} can buy?",
+            "Balloons are sold in bags of {pack}. How many bags does {name} need to buy to get "
+            "{needed} balloons for a festival?",
             "How many packs of {pack} napkins are needed to have at least {needed} napkins?",
         ),
     ),
@@ -233,6 +249,8 @@ MONEY_TEMPLATES: tuple[WordTemplate, ...] = (
             "every weekday. How much does {he} earn in {weeks} weeks?",
             "Working {hours} hours on each weekday for {weeks} weeks, a warehouse helper is paid "
             "{rate} dollars per hour. What are the total earnings in dollars?",
+            "How many dollars does {name} earn in {weeks} weeks at a library job that pays {rate}"
+            " dollars an hour for {hours} hours on every weekday?",
             "A part-time tutor works {hours} hours a day, Monday to Friday, at {rate} dollars per "
             "hour. How many dollars does the tutor make over {weeks} weeks?",
         ),
@@ -255,6 +273,9 @@ MONEY_TEMPLATES: tuple[WordTemplate, ...] = (
             "Each month {name} spends {food} dollars on groceries and {rent} dollars on rent out "
             "of a monthly income of {salary} dollars. Whatever is left goes into savings. What "
             "are {his} savings after {months} months, in dollars?",
+            "A cook's take-home pay is {salary} dollars each month. Rent takes {rent} dollars and"
+            " food takes {food} dollars; the rest is saved. How much is saved over {months} "
+            "months?",
             "After {months} months, how many dollars has a nurse saved if the nurse earns "
             "{salary} dollars monthly, pays {rent} dollars in rent, and spends {food} dollars on "
             "food, saving everything else?",
@@ -277,6 +298,9 @@ MONEY_TEMPLATES: tuple[WordTemplate, ...] = (
             "{name} sold {sales} dollars' worth of phones this month. {He} keeps {percent}% of "
             "{his} sales as commission on top of a {base} dollar base salary. How much does {he} "
             "earn this month?",
+            "On top of {his} {base} dollar monthly wage, {name} receives {percent}% of the value "
+            "of the cars {he} sells. {He} sold cars worth {sales} dollars this month. What is "
+            "{his} pay for the month?",
             "How much is a month's pay, in dollars, for an agent whose fixed salary is {base} "
             "dollars and who earns {percent}% commission on {sales} dollars of sales?",
         ),
@@ -292,6 +316,8 @@ MONEY_TEMPLATES: tuple[WordTemplate, ...] = (
             "tip. They split the total equally. How much does each friend pay?",
             "A team dinner costs {bill} dollars, plus {tip} dollars for the tip. If the {people} "
             "team members share the cost evenly, how many dollars does each one pay?",
+            "The {people} members of a book club order food for {bill} dollars and add a {tip} "
+            "dollar tip. Sharing the cost equally, how much does each member pay?",
             "A tip of {tip} dollars is added to a {bill} dollar restaurant bill, and the sum is "
             "divided equally among {people} coworkers. What is each person's share?",
         ),
@@ -330,6 +356,8 @@ MONEY_TEMPLATES: tuple[WordTemplate, ...] = (
             "{spent} dollars on dinner. How much money does {he} have left?",
             "Out of {money} dollars of birthday money, {name} spends {spent} dollars on books and "
             "one fourth of the {money} dollars on a game. How many dollars remain?",
+            "{name} takes {money} dollars to a fair. {He} spends one quarter of the money on "
+            "rides and {spent} dollars on food. How many dollars does {he} bring home?",
             "A club had {money} dollars in its account. It used one quarter of the money for a "
             "trip and {spent} dollars for snacks. What is left in the account, in dollars?",
         ),
@@ -351,6 +379,8 @@ MONEY_TEMPLATES: tuple[WordTemplate, ...] = (
             "A shop's monthly rent of {rent} dollars is raised by {percent}% for the coming "
             "year. What will the shop pay in rent over the twelve months of that year, in "
             "dollars?",
+            "The monthly rent for a studio is {rent} dollars. If it rises by {percent}% starting "
+            "in January, how many dollars of rent are paid from January to December?",
             "After a {percent}% increase, what is a full year of rent, in dollars, if the rent "
             "used to be {rent} dollars per month?",
         ),

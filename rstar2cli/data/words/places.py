@@ -90,6 +90,8 @@ PLACES_TEMPLATES: tuple[WordTemplate, ...] = (
             "boxes of {box}. How many boxes must the teacher buy?",
             "Markers are sold in sets of {box}. An art class of {students} children needs "
             "{per_student} markers per child. What is the smallest number of sets to buy?",
+            "Each of the {students} children at a camp gets {per_student} name tags, and name "
+            "tags come in sheets of {box}. How many sheets are needed?",
             "How many packs of {box} stickers does a coach need so that each of {students} "
             "players gets {per_student} stickers?",
         ),
@@ -109,6 +111,8 @@ PLACES_TEMPLATES: tuple[WordTemplate, ...] = (
             "is {his} average score?",
             "A diver receives scores of {score1}, {score2}, {score3} and {score4} from four "
             "judges. What is the average score?",
+            "Over four rounds of a quiz show, a team scored {score1}, {score2}, {score3} and "
+            "{score4} points. What was its average per round?",
             "What is the mean of four test results: {score1}, {score2}, {score3} and {score4}?",
         ),
     ),
@@ -129,6 +133,9 @@ PLACES_TEMPLATES: tuple[WordTemplate, ...] = (
             "{boxes} boxes, each with {per_box} new books, arrive at a library that had {books} "
             "books on its shelves. That day {lent} books are borrowed and {returned} are "
             "returned. How many books are on the shelves at the end of the day?",
+            "A toy library starts the month with {books} toys. It lends {lent}, gets {returned} "
+            "back, and receives {boxes} donated boxes holding {per_box} toys each. How many toys "
+            "does it have now?",
             "How many books does a library hold after starting with {books}, lending {lent}, "
             "taking back {returned}, and adding {boxes} cartons of {per_box} books?",
         ),
@@ -192,6 +199,8 @@ PLACES_TEMPLATES: tuple[WordTemplate, ...] = (
             "filled?",
             "Plums are picked from {rows} rows of {trees} trees, {fruit} plums per tree, and "
             "sold in crates of {bag}. How many crates does the farm fill?",
+            "A farm has {rows} rows of {trees} orange trees. If every tree yields {fruit} oranges"
+            " and the oranges go into nets of {bag}, how many nets are filled?",
             "How many boxes of {bag} peaches can be filled from {fruit} peaches per tree, with "
             "{trees} trees in each of {rows} rows?",
         ),
@@ -211,6 +220,8 @@ PLACES_TEMPLATES: tuple[WordTemplate, ...] = (
             "do the cows eat in {weeks} weeks?",
             "For {weeks} weeks, how much feed, in kilograms, do {animals} goats need if each goat "
             "eats {kg} kg per day?",
+            "A zoo has {animals} deer that each eat {kg} kg of food a day. How many kilograms of "
+            "food do they need for {weeks} weeks?",
             "Each of the {animals} horses at a riding school is given {kg} kg of oats every day. "
             "How many kilograms of oats are used in {weeks} weeks?",
         ),
@@ -226,6 +237,8 @@ PLACES_TEMPLATES: tuple[WordTemplate, ...] = (
             "dollars per metre. How much does it cost to fence the whole field?",
             "{name} wants to put a fence around a rectangular paddock measuring {width} metres "
             "by {length} metres. If fencing is {price} dollars a metre, what will it cost?",
+            "How much will it cost to put a fence round a rectangular yard {length} m long and "
+            "{width} m wide, at {price} dollars per metre of fence?",
             "At {price} dollars for each metre, how many dollars does a fence cost around a "
             "rectangular garden that is {length} metres long and {width} metres wide?",
         ),
@@ -261,6 +274,8 @@ PLACES_TEMPLATES: tuple[WordTemplate, ...] = (
             "left over?",
             "Each of {name}'s {hens} ducks lays {per_hen} eggs in a week. {He} packs the week's "
             "eggs in trays of {carton}. How many eggs do not fit into a full tray?",
+            "{hens} chickens each lay {per_hen} eggs this week. The farmer fills boxes of "
+            "{carton} eggs. How many eggs are left after all full boxes are filled?",
             "Eggs go into cartons that hold {carton} each. If {hens} hens lay {per_hen} eggs "
             "apiece this week, how many eggs remain once every full carton is packed?",
         ),
