@@ -79,7 +79,7 @@ EVERYDAY_TEMPLATES: tuple[WordTemplate, ...] = (
             "speed1": r.randint(45, 110),
             "hours1": r.randint(2, 6),
             "speed2": r.randint(30, 90),
-            "hours2": r.randint(1, 5),
+            "hours2": r.randint(2, 5),
         },
         answer=lambda v: v["speed1"] * v["hours1"] + v["speed2"] * v["hours2"],
         steps=(

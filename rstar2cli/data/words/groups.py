@@ -43,7 +43,7 @@ GROUPS_TEMPLATES: tuple[WordTemplate, ...] = (
             "A company has {members} employees, and {percent}% of them sign up for a training "
             "course that costs {price} dollars per person. What does the company pay for the "
             "course?",
-            "Each volunteer gets a {price} dollar lunch voucher. If {percent}% of a town's "
+            "Each volunteer gets one lunch voucher worth {price} dollars. If {percent}% of a town's "
             "{members} residents volunteer for the clean-up day, how many dollars do the "
             "vouchers cost?",
         ),

@@ -52,7 +52,8 @@ def _savings(r: random.Random) -> Numbers:
 
 
 def _split_bill(r: random.Random) -> Numbers:
-    people, share, tip = r.randint(3, 12), r.randint(18, 75), r.randint(10, 40)
+    people, share = r.randint(3, 12), r.randint(18, 75)
+    tip = r.randint(5, people * share // 4)  # NOTE: at most a third of the bill
     return {"people": people, "bill": people * share - tip, "tip": tip}
 
 
