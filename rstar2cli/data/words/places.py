@@ -272,7 +272,7 @@ PLACES_TEMPLATES: tuple[WordTemplate, ...] = (
             "A farm has {hens} hens, and each hen lays {per_hen} eggs a week. The eggs are packed "
             "into boxes of {carton}. After filling as many boxes as possible, how many eggs are "
             "left over?",
-            "Each of {name}'s {hens} ducks lays {per_hen} eggs in a week. {He} packs the week's "
+            "Each of {name}'s {hens} quails lays {per_hen} eggs in a week. {He} packs the week's "
             "eggs in trays of {carton}. How many eggs do not fit into a full tray?",
             "{hens} chickens each lay {per_hen} eggs this week. The farmer fills boxes of "
             "{carton} eggs. How many eggs are left after all full boxes are filled?",
