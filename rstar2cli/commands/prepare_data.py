@@ -4,7 +4,7 @@ Reads the rows, hands them to `rstar2cli.data.dataset_normalize` (schema detecti
 integer-only, dedupe, 8-gram decontamination), writes `id, question, answer, source, meta` and
 every unusable row, with its reason, to a rejects jsonl: both atomically and only when the run
 succeeds (a failed run writes nothing). `--synthetic NAME` writes a generated task set
-(`rstar2cli.data.synthetic`) instead. Prints a summary table.
+(`rstar2cli.data.synthetic`: arith, or words with its reference solutions in `meta`) instead. Prints a summary table.
 `datasets` and `pyarrow` are imported inside the function so `rstar2 --help` stays instant.
 Tested in tests/cli/test_prepare_data.py.
 """

@@ -1,7 +1,7 @@
-"""Synthetic tool-use task sets for the tiny default model.
+"""Synthetic tool-use task sets: "arith" for the tiny default model, "words" for small real ones.
 
 `make_synthetic(name, num, seed)` returns (train_rows, test_rows) with rows
-`{"id", "question", "answer", "source"}` and integer answers. The one set, "arith", asks for
+`{"id", "question", "answer", "source"}` and integer answers. The set "arith" asks for
 expressions such as "Compute 37*41+5." — products of two-digit numbers that a model with a few
 hundred thousand parameters cannot work out in its head, but can answer by writing the expression
 as a Python tool call and copying the printed number into `\\boxed{}`. Questions stay under ~30
@@ -9,8 +9,10 @@ characters so prompt + tool call + answer fit the tiny model's short context.
 
 `num` is the total number of problems; a fifth of them (at least one) form the test split. Every
 question is unique, so train and test are disjoint; the same (name, num, seed) always gives the
-same rows. It does not write files (`rstar2 prepare-data --synthetic` does) and needs no model.
-Tested in tests/unit/test_synthetic.py.
+same rows. "words" (`rstar2cli.data.words.generate`) holds everyday multi-step word problems,
+with a reference Python solution in each row, split by template and by phrasing.
+It does not write files (`rstar2 prepare-data --synthetic` does) and needs no model.
+Tested in tests/unit/test_synthetic.py and tests/unit/test_words.py.
 """
 
 from __future__ import annotations
@@ -46,15 +48,19 @@ def _arith_question(rng: random.Random) -> tuple[str, int]:
 _GENERATORS: dict[str, Callable[[random.Random], tuple[str, int]]] = {
     "arith": _arith_question,
 }
-SYNTHETIC_NAMES = tuple(_GENERATORS)
+SYNTHETIC_NAMES = (*_GENERATORS, "words")
 
 
 def make_synthetic(name: str, num: int, seed: int) -> tuple[list[dict], list[dict]]:
     """(train_rows, test_rows) of a synthetic set; `num` problems in all, ~20% of them test."""
-    if name not in _GENERATORS:
+    if name not in SYNTHETIC_NAMES:
         raise UserError(f"unknown synthetic set {name!r}; available: {', '.join(SYNTHETIC_NAMES)}")
     if not 2 <= num <= MAX_NUM:
         raise UserError(f"--num must be between 2 and {MAX_NUM} for a train/test split, got {num}")
+    if name == "words":  # split by template and phrasing, not by question
+        from rstar2cli.data.words.generate import make_words
+
+        return make_words(num, seed)
     rng = random.Random(f"{name}:{seed}")  # string seeds hash the same on every run
     generate = _GENERATORS[name]
     problems: dict[str, int] = {}

@@ -19,7 +19,7 @@ from pydantic import Field, model_validator
 from rstar2cli.lora import LoraConfig
 from rstar2cli.recipe import RecipeModel
 
-FORMATS = ("auto", "openai", "glaive", "toolace", "apigen", "instruction", "arith")
+FORMATS = ("auto", "openai", "glaive", "toolace", "apigen", "instruction", "arith", "words")
 
 
 class DataSource(RecipeModel):
@@ -27,15 +27,16 @@ class DataSource(RecipeModel):
         description="A local .jsonl/.json/.parquet file (relative paths are relative to the "
         "working directory) or a Hugging Face dataset id.",
     )
-    format: Literal["auto", "openai", "glaive", "toolace", "apigen", "instruction", "arith"] = (
-        Field(
-            "auto",
-            description="Record schema: openai (messages + tool_calls), glaive (system + chat text), "
-            "toolace (conversations with from/value, ToolACE or ShareGPT function_call/observation), "
-            "apigen (query + tools + answers), instruction (instruction/input/output or "
-            "prompt/response), arith (synthetic problems turned into tool-use transcripts), or auto "
-            "(detected per record from its keys; never picks arith).",
-        )
+    format: Literal[
+        "auto", "openai", "glaive", "toolace", "apigen", "instruction", "arith", "words"
+    ] = Field(
+        "auto",
+        description="Record schema: openai (messages + tool_calls), glaive (system + chat text), "
+        "toolace (conversations with from/value, ToolACE or ShareGPT function_call/observation), "
+        "apigen (query + tools + answers), instruction (instruction/input/output or "
+        "prompt/response), arith or words (synthetic problems turned into tool-use transcripts; "
+        "words rows carry their reference solution), or auto (detected per record from its keys; "
+        "never picks arith or words).",
     )
     config: str | None = Field(None, description="HF dataset config name (HF ids only).")
     split: str = Field("train", description="HF dataset split (HF ids only).")
@@ -58,8 +59,8 @@ class DataConfig(RecipeModel):
         0.1,
         ge=0.0,
         le=1.0,
-        description="arith sources: share of transcripts whose first tool call fails (NameError or "
-        "SyntaxError) and is then corrected, so RL starts with tool errors to reduce.",
+        description="arith and words sources: share of transcripts whose first tool call fails "
+        "(NameError or SyntaxError) and is then corrected, so RL starts with tool errors to reduce.",
     )
     direct_fraction: float = Field(
         0.0,

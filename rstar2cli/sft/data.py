@@ -160,7 +160,7 @@ def load_records(source: DataSource) -> tuple[list[dict[str, Any]], list[tuple[i
 
 def _source_chats(source: DataSource, records: list[dict], cfg: DataConfig, seed: int):
     """Yield (index, chat or ConvertError) for the records of one source."""
-    if source.format == "arith":
+    if source.format in ("arith", "words"):
         from rstar2cli.sft.synthetic_transcripts import make_transcripts
 
         yield from enumerate(
@@ -170,6 +170,7 @@ def _source_chats(source: DataSource, records: list[dict], cfg: DataConfig, seed
                 seed=seed,
                 template=cfg.template,
                 direct_fraction=cfg.direct_fraction,
+                kind=source.format,
             )
         )
         return

@@ -1,4 +1,4 @@
-"""Tool-use transcripts for the tiny default, built from synthetic arith problems.
+"""Tool-use transcripts built from the synthetic sets: arith (tiny default) and words.
 
 For a row `{"question": "Compute 37*41+5.", "answer": "1522"}` the transcript is, in the
 protocol's own layout (`rstar2cli.sft.data.render_chat` turns it into the RL prompt + turns):
@@ -20,13 +20,21 @@ in-process, compiled as `main.py` with tracebacks trimmed to the user's frames l
 `sandboxd.runner` prints them. That is safe because the code is arithmetic this module wrote
 itself; it never runs model output.
 
-It does not tokenize, and does not read files. Tested in tests/unit/test_sft_data.py.
+A words row (`rstar2cli.data.words`) carries its reference solution (`solution`, or inside
+the `meta` JSON that prepare-data writes): a few assignments of the question's numbers, one line
+per step and a `print`. Its transcript writes that code in one call (after a broken one, in a
+share `error_fraction`: a misspelt variable or an unclosed `print(`), reads the printed number
+and boxes it; words transcripts never answer without the tool.
+
+It does not tokenize, and does not read files. Tested in tests/unit/test_sft_data.py and
+tests/unit/test_words.py.
 """
 
 from __future__ import annotations
 
 import contextlib
 import io
+import json
 import linecache
 import random
 import re
@@ -46,6 +54,10 @@ _FIXES = (
     "That call had an error; I will correct it.",
 )
 _FINALS = ("The tool printed {out}.", "The result is {out}.")
+_WORD_PLANS = (
+    "I will write the numbers from the problem as Python variables and compute the answer.",
+    "Let me put the quantities into Python and work out the result.",
+)
 _DIRECT = ("I can do this in my head: {expr} = {out}.", "Mental arithmetic: {expr} = {out}.")
 
 
@@ -84,6 +96,30 @@ def broken_code(expr: str, rng: random.Random) -> str:
     return f"print({expr}"  # SyntaxError: '(' was never closed
 
 
+def solution_of(row: dict) -> str:
+    """The reference solution of a words row: its `solution`, or the one in its `meta` JSON."""
+    code = row.get("solution")
+    if code is None and isinstance(row.get("meta"), str):
+        with contextlib.suppress(json.JSONDecodeError, AttributeError):
+            code = json.loads(row["meta"]).get("solution")
+    if not isinstance(code, str) or not code.strip():
+        raise ConvertError("a words row needs its reference solution ('solution' or meta.solution)")
+    return code
+
+
+def broken_solution(code: str, rng: random.Random) -> str:
+    """The solution with its last line broken: a misspelt name (NameError) or no `)` (SyntaxError)."""
+    *head, last = code.splitlines()
+    names = set(re.findall(r"[A-Za-z_]\w*", code))
+    printed = re.fullmatch(r"print\((\w+)\)", last)
+    if printed and rng.random() < 0.5:
+        name = printed.group(1)
+        typo = name[:-2] + name[-1] if len(name) > 2 else name + name[-1]
+        if typo not in names:
+            return "\n".join([*head, f"print({typo})"])
+    return "\n".join([*head, last[:-1]])  # NOTE: every solution ends with a print(...) line
+
+
 def _call_turn(text: str, code: str) -> tuple[Message, Message]:
     status, stdout, stderr = run_code(code)
     call = Message("assistant", text, [Call(P.TOOL_NAME, {"code": code})])
@@ -96,10 +132,14 @@ def _final_turn(reasoning: str, answer: str) -> Message:
 
 
 def make_transcript(
-    row: dict, rng: random.Random, with_error: bool, template: str = "paper", direct: bool = False
+    row: dict,
+    rng: random.Random,
+    with_error: bool,
+    template: str = "paper",
+    direct: bool = False,
+    kind: str = "arith",
 ) -> Chat:
     question, answer = str(row["question"]), str(row["answer"]).strip()
-    expr = expression_of(question)
     user = P.USER_TEMPLATE.format(question=question)
     if template == "release":
         user += P.RELEASE_USER_SUFFIX  # NOTE: as render_prompt does; a test checks they agree
@@ -107,16 +147,24 @@ def make_transcript(
     # NOTE: the paper template opens every assistant turn with <reason> itself; under the release
     # template the model writes it.
     opener = "" if P.assistant_prefix(template) else P.REASON_OPEN
-    if direct:
-        text = rng.choice(_DIRECT).format(expr=expr, out=answer)
-        return Chat([*messages, _final_turn(opener + text, answer)])
-    plan = rng.choice(_PLANS).format(expr=expr)
-    if with_error:
-        messages += _call_turn(opener + plan, broken_code(expr, rng))
+    if kind == "words":
+        code = solution_of(row)
+        plan = rng.choice(_WORD_PLANS)
+        broken = broken_solution(code, rng) if with_error else ""
+    else:
+        expr = expression_of(question)
+        if direct:
+            text = rng.choice(_DIRECT).format(expr=expr, out=answer)
+            return Chat([*messages, _final_turn(opener + text, answer)])
+        code = f"print({expr})"
+        plan = rng.choice(_PLANS).format(expr=expr)
+        broken = broken_code(expr, rng) if with_error else ""
+    if broken:
+        messages += _call_turn(opener + plan, broken)
         if messages[-1].content.strip() == answer:
             raise ConvertError("the broken call did not fail")
         plan = rng.choice(_FIXES)
-    messages += _call_turn(opener + plan, f"print({expr})")
+    messages += _call_turn(opener + plan, code)
     out = messages[-1].content.strip()
     if out != answer:
         raise ConvertError(f"tool output {out[:40]!r} differs from the reference answer {answer!r}")
@@ -130,8 +178,10 @@ def make_transcripts(
     seed: int,
     template: str = "paper",
     direct_fraction: float = 0.0,
+    kind: str = "arith",
 ) -> list[Chat | ConvertError]:
-    """One transcript (or the reason there is none) per row, in order; deterministic in `seed`."""
+    """One transcript (or the reason there is none) per row, in order; deterministic in `seed`.
+    `kind` is the set the rows come from (arith or words); `direct_fraction` applies to arith."""
     rng = random.Random(f"sft-transcripts:{seed}")
     direct_rng = random.Random(f"sft-direct:{seed}")
     out: list[Chat | ConvertError] = []
@@ -141,7 +191,8 @@ def make_transcripts(
         direct = direct_rng.random() < direct_fraction
         try:
             if "question" not in row or "answer" not in row:
-                raise ConvertError("an arith row needs 'question' and 'answer'")
+                raise ConvertError(f"a {kind} row needs 'question' and 'answer'")
+            direct = direct and kind == "arith"
             out.append(
                 make_transcript(
                     row=row,
@@ -149,6 +200,7 @@ def make_transcripts(
                     with_error=with_error and not direct,
                     template=template,
                     direct=direct,
+                    kind=kind,
                 )
             )
         except ConvertError as exc:

@@ -315,6 +315,27 @@ def test_synthetic_writes_train_and_test(tmp_path):
     assert pq.read_table(out).equals(train)
 
 
+def test_synthetic_words_writes_the_schema_and_sft_reads_its_solutions(tmp_path):
+    from rstar2cli.data.tiny import build_tokenizer
+    from rstar2cli.sft.coldstart_recipe import DataConfig
+    from rstar2cli.sft.data import build_examples
+
+    out = tmp_path / "words.parquet"
+    result = _invoke("--synthetic", "words", "--num", "40", "--seed", "2", "--out", out)
+    assert result.exit_code == 0, result.output
+    train = pq.read_table(out).to_pylist()
+    test = pq.read_table(tmp_path / "words.test.parquet").to_pylist()
+    assert (len(train), len(test)) == (32, 8)
+    assert all(list(r) == COLUMNS and r["source"] == "synthetic/words" for r in train + test)
+    metas = [json.loads(r["meta"]) for r in train + test]
+    assert all(m["question"] == r["question"] for m, r in zip(metas, train + test, strict=True))
+    pairs = [{(m["template"], m["phrasing"]) for m in part} for part in (metas[:32], metas[32:])]
+    assert not pairs[0] & pairs[1]
+    cfg = DataConfig(sources=[{"path": str(out), "format": "words"}], max_seq_len=2048)
+    examples, rejects = build_examples(cfg, build_tokenizer(), seed=0)
+    assert (len(examples), rejects) == (32, [])
+
+
 def test_synthetic_unknown_name_and_help(tmp_path):
     proc = _cli("--synthetic", "nope", "--out", tmp_path / "x.parquet")
     assert proc.returncode == 2 and "available: arith" in proc.stderr

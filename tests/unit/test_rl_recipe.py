@@ -18,6 +18,7 @@ RL_RECIPES = [
     "recipes/stage3_12k_hard.yaml",
     "recipes/tiny/rl.yaml",
     "recipes/pretrained/rl.yaml",
+    "recipes/pretrained/words_rl.yaml",
 ]
 
 
