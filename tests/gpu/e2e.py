@@ -6,7 +6,9 @@ accelerate but no vLLM, DeepSpeed or Ray (DeepSpeed, pydantic and math-verify tr
 point (`rstar2cli.cli.main`), chained as a shell script chains them:
   prepare-data --synthetic arith -> sft-coldstart -> eval (label sft) -> rl-stage for 3 steps,
   killed with SIGKILL once step 1 is checkpointed -> the same rl-stage again (it resumes from
-  step 1) -> eval (label rl).
+  step 1) -> eval (label rl) -> one rl-stage step with LoRA adapters (`train.lora`) from the same
+  SFT model: only the adapters train, the engine gets the merged weights, and final/ holds the
+  merged model with final_adapter/ beside it.
 Training is DeepSpeed ZeRO-2 with gradient checkpointing, bf16 on the GPU (fp32 on the CPU). The
 engine is the transformers engine (`--engine hf`, `rollout.engine=hf`) on the trainer's GPU; it
 gets the trainer's weights after every update (rl-stage's disk path). rl-stage runs without Ray:
@@ -418,6 +420,12 @@ def stages(run: Run, size: str) -> list[Stage]:
             child=eval_argv(run, p, model=rl / "final", test=test, out=evals, label="rl"),
             check=_summary(evals, "rl"),
         ),
+        Stage(
+            name="rl-stage-lora",
+            child=rl_argv(run, p, sft=sft, data=(train, test), out=work / "rl_lora")
+            + _sets("train.num_steps=1", "train.lora.enabled=true", "train.lora.rank=8"),
+            check=lambda log: _lora_metrics(work / "rl_lora"),
+        ),
     ]
     if size != "tiny":  # the SFT starts from a random-initialised model of that size
         init_stage = Stage(
@@ -566,6 +574,17 @@ def _rl_metrics(out: Path, log: Path) -> dict[str, Any]:
     assert all(r.get("weight_sync") == "disk" for r in rows), "an update was not pushed"
     return {
         "steps": [{k: r.get(k) for k in KEPT} for r in rows],
+        "weights_moved": _weights_moved(out.parent / "sft" / "final", out / "final"),
+    }
+
+
+def _lora_metrics(out: Path) -> dict[str, Any]:
+    """The LoRA step trained, pushed the merged weights, and wrote both final folders."""
+    (row,) = _rows(out / "metrics.jsonl")
+    assert row.get("num_train_tokens") and row.get("weight_sync") == "disk", row
+    assert (out / "final_adapter" / "adapter_config.json").is_file(), "no final_adapter/"
+    return {
+        "step": {k: row.get(k) for k in KEPT},
         "weights_moved": _weights_moved(out.parent / "sft" / "final", out / "final"),
     }
 

@@ -28,7 +28,7 @@ def test_every_e2e_stage_passes_on_the_gpu(tmp_path):
     assert proc.returncode == 0 and rows[-1]["stage"] == "summary"
     assert {r["size"] for r in rows if "size" in r} == {"tiny", "100m"}
     for row in rows:
-        if row["stage"] in ("sft-coldstart", "rl-stage", "eval-sft", "eval-rl"):
+        if row["stage"] in ("sft-coldstart", "rl-stage", "eval-sft", "eval-rl", "rl-stage-lora"):
             assert row["device"] == "cuda:0" and row["peak_gpu_memory_gib"] > 0, row
         if row["stage"] == "rl-stage":
             steps = row["metrics"]["steps"]

@@ -60,7 +60,7 @@ def test_e2e_chain_runs_every_command_on_the_cpu(tmp_path):
     assert [r for r in rows if not r["ok"]] == [], log[-3000:]
     assert proc.returncode == 0
     stages = ["prepare-data", "sft-coldstart", "eval-sft", "rl-stage-killed", "rl-stage"]
-    assert [r["stage"] for r in rows] == ["env", *stages, "eval-rl", "summary"]
+    assert [r["stage"] for r in rows] == ["env", *stages, "eval-rl", "rl-stage-lora", "summary"]
     by = {r["stage"]: r for r in rows}
     assert by["prepare-data"]["metrics"] == {"train_rows": 4, "test_rows": 1}
     assert by["rl-stage-killed"]["metrics"]["killed"] is True
@@ -73,11 +73,17 @@ def test_e2e_chain_runs_every_command_on_the_cpu(tmp_path):
         by["eval-rl"]["metrics"]
         and by["eval-sft"]["metrics"].keys() == by["eval-rl"]["metrics"].keys()
     )
+    # LoRA: the adapters trained and the engine got merged weights; the base's other tensors
+    # (embeddings, norms) stay as they were
+    lora = by["rl-stage-lora"]["metrics"]
+    assert lora["step"]["num_train_tokens"] > 0 and lora["step"]["weight_sync"] == "disk"
+    moved, total = map(int, lora["weights_moved"].split("/"))
+    assert 0 < moved < total
     assert all("peak_host_rss_gib" in r for r in rows[1:-1] if r["stage"] != "rl-stage-killed")
     # the GPU machine holds what the project imports, and what the carried wheels require
     image, carried = gpu_machine_packages()
     direct, imported = set(rows[-1]["direct_distributions"]), set(rows[-1]["distributions"])
-    assert {"torch", "transformers", "deepspeed", "pydantic", "typer"} <= imported
+    assert {"torch", "transformers", "deepspeed", "pydantic", "typer", "peft"} <= imported
     assert direct - image - carried == set()
     assert "math-verify" in carried  # imported by the grader's worker processes, not traced
     assert {n: requirements(n) - image - carried for n in carried} == dict.fromkeys(carried, set())
