@@ -50,6 +50,36 @@ def pytest_collection_modifyitems(config, items):
     )
 
 
+NO_GROUPS = (
+    "pytest-xdist cannot group tests under this pytest (--dist loadgroup): install the dev extra's "
+    "pytest<9.2 (pyproject.toml)"
+)
+
+
+def pytest_configure(config):
+    # NOTE: pytest 9.2 keeps a test's id where pytest-xdist 3.8 cannot add its "@group"; the
+    # workers would then spread a module's tests, and its fixtures, over both (said here, where
+    # the message shows; pytest_collection_finish below refuses on the workers themselves)
+    if config.getoption("dist", "no") == "loadgroup":
+        from importlib.metadata import version
+
+        from packaging.version import Version
+
+        pytest_version, xdist_version = (
+            Version(pytest.__version__),
+            Version(version("pytest-xdist")),
+        )
+        if pytest_version >= Version("9.2") and xdist_version <= Version("3.8.0"):
+            raise pytest.UsageError(NO_GROUPS)
+
+
+def pytest_collection_finish(session):
+    """Under `--dist loadgroup` each worker's test ids carry their group (xdist adds "@group")."""
+    if session.config.getvalue("loadgroup") and session.items:
+        if not all("@" in item.nodeid for item in session.items):
+            raise pytest.UsageError(NO_GROUPS)
+
+
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory) -> Path:
     from rstar2cli.data.tiny import build_tiny_model_dir
