@@ -75,7 +75,8 @@ def pytest_configure(config):
 
 def pytest_collection_finish(session):
     """Under `--dist loadgroup` each worker's test ids carry their group (xdist adds "@group")."""
-    if session.config.getvalue("loadgroup") and session.items:
+    # xdist sets option.loadgroup on its workers only; a plain `pytest` run has no such option
+    if getattr(session.config.option, "loadgroup", False) and session.items:
         if not all("@" in item.nodeid for item in session.items):
             raise pytest.UsageError(NO_GROUPS)
 
