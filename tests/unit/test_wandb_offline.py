@@ -120,5 +120,5 @@ def test_wandb_project_without_wandb_installed_is_one_line(tmp_path, monkeypatch
         recipe_dump={},
         live=False,
     )
-    with pytest.raises(UserError, match="pip install 'rstar2cli\\[wandb\\]'"):
+    with pytest.raises(UserError, match=r"is not installed \(pip install wandb\)$"):
         reporter.__enter__()
