@@ -43,6 +43,21 @@ def run_cli(*args, timeout: float = 600) -> subprocess.CompletedProcess:
     )
 
 
+def run_rows(
+    argv: list[str], out: Path, *, timeout: float, cwd: Path | None = None
+) -> tuple[subprocess.CompletedProcess, list[dict]]:
+    """Run a script that writes one JSON line per stage to `out` (the GPU scripts): the finished
+    process and the rows it wrote."""
+    proc = subprocess.run(
+        [sys.executable, *argv, "--out", str(out)],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    return proc, [json.loads(line) for line in out.read_text().splitlines()]
+
+
 def write_problems(path, num: int = 3) -> list[dict]:
     """The first `num` synthetic arith training problems, written to `path` as jsonl."""
     from rstar2cli.data.synthetic import make_synthetic

@@ -4,12 +4,10 @@ SIGKILL and pushes its weights after every update, and every stage reports its p
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from clihelpers import run_rows
 
 E2E = Path(__file__).with_name("e2e.py")
 
@@ -17,13 +15,7 @@ E2E = Path(__file__).with_name("e2e.py")
 @pytest.mark.timeout(960)
 def test_every_e2e_stage_passes_on_the_gpu(tmp_path):
     out = tmp_path / "e2e.jsonl"
-    proc = subprocess.run(
-        [sys.executable, str(E2E), "--device", "cuda", "--out", str(out)],
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    proc, rows = run_rows([str(E2E), "--device", "cuda"], out, timeout=900)
     assert [r for r in rows if not r["ok"]] == [], out.with_suffix(".log").read_text()[-3000:]
     assert proc.returncode == 0 and rows[-1]["stage"] == "summary"
     assert {r["size"] for r in rows if "size" in r} == {"tiny", "100m"}

@@ -4,11 +4,10 @@ buckets and the SFT sums on NCCL, the transformers engine and its agreement with
 
 from __future__ import annotations
 
-import json
 import runpy
-import subprocess
-import sys
 from pathlib import Path
+
+from clihelpers import run_rows
 
 SMOKE = Path(__file__).with_name("smoke.py")
 STAGES = runpy.run_path(str(SMOKE))["STAGES"]  # the script's own list (stdlib imports only)
@@ -16,13 +15,7 @@ STAGES = runpy.run_path(str(SMOKE))["STAGES"]  # the script's own list (stdlib i
 
 def test_every_smoke_stage_passes_on_the_gpu(tmp_path):
     out = tmp_path / "smoke.jsonl"
-    proc = subprocess.run(
-        [sys.executable, str(SMOKE), "--device", "cuda", "--out", str(out)],
-        capture_output=True,
-        text=True,
-        timeout=480,
-    )
-    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    proc, rows = run_rows([str(SMOKE), "--device", "cuda"], out, timeout=480)
     failed = [r for r in rows if not r["ok"]]
     assert not failed, failed
     assert [r["stage"] for r in rows] == list(STAGES), proc.stderr[-2000:]

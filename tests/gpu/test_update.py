@@ -4,12 +4,10 @@ against a matrix product measured beside it, and its peak memory."""
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from clihelpers import run_rows
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -17,14 +15,8 @@ REPO = Path(__file__).resolve().parents[2]
 @pytest.mark.timeout(960)
 def test_qwen3_0_6b_update_reports_its_mfu(tmp_path):
     out = tmp_path / "update.jsonl"
-    proc = subprocess.run(
-        [sys.executable, "-m", "benchmarks.gpu_update", "--shape", "qwen3-0.6b", "--out", str(out)],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    (row,) = [json.loads(line) for line in out.read_text().splitlines()]
+    argv = ["-m", "benchmarks.gpu_update", "--shape", "qwen3-0.6b"]
+    proc, (row,) = run_rows(argv, out, timeout=900, cwd=REPO)
     assert row["ok"], (row, proc.stderr[-2000:])
     assert row["batch"]["num_trajectories"] == 64 and row["micro_batches"] == 32
     assert row["tokens_per_s"] > 0 and 0 < row["mfu_matmul"] < 1
