@@ -450,6 +450,27 @@ def step_with_grad_norm(engine: Any, zero_stage: int) -> float | None:
     return None if norm is None else float(norm)
 
 
+def reset_peak_memory(device: Any) -> None:
+    """Start a new peak for `peak_memory_gib` on a GPU; a CPU's peak cannot be reset."""
+    import torch
+
+    if getattr(device, "type", None) == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def peak_memory_gib(device: Any) -> float:
+    """This process's peak memory in GiB: on a GPU (CUDA or ROCm) the most its tensors held
+    since `reset_peak_memory`; on a CPU its peak resident size since it started (which also
+    counts whatever else the process holds, such as a driver's records)."""
+    import resource
+
+    import torch
+
+    if getattr(device, "type", None) == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**30
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # Linux counts KiB
+
+
 def _module_grad_norm(module: Any) -> float:
     import torch
 

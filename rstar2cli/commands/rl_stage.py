@@ -74,7 +74,7 @@ def rl_stage(
 
     from rstar2cli import preflight
     from rstar2cli.fileio import check_output_path
-    from rstar2cli.recipe import check_resume, dump_recipe, load_recipe
+    from rstar2cli.recipe import check_resume, dump_recipe, load_recipe, memory_changes_line
     from rstar2cli.rl.stage_recipe import RlRecipe
 
     console = Console(highlight=False, stderr=True)
@@ -95,7 +95,8 @@ def rl_stage(
         name="rollout.speculative",
     )
     check_output_path(out)
-    check_resume(out, resolved)
+    if changed := check_resume(out, resolved):
+        console.print(f"rl-stage: {memory_changes_line(changed)}")
     if (out / "final" / "config.json").exists():
         console.print(f"rl-stage: {out} is already finished; model in {out / 'final'}")
         return

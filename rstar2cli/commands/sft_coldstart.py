@@ -44,7 +44,13 @@ def sft_coldstart(
 
     from rstar2cli.fileio import check_output_path
     from rstar2cli.preflight import check_sft_inputs
-    from rstar2cli.recipe import RUN_FILES, check_resume, dump_recipe, load_recipe
+    from rstar2cli.recipe import (
+        RUN_FILES,
+        check_resume,
+        dump_recipe,
+        load_recipe,
+        memory_changes_line,
+    )
     from rstar2cli.sft.coldstart_recipe import SftRecipe
     from rstar2cli.sft.data import check_sources
 
@@ -56,7 +62,8 @@ def sft_coldstart(
     check_output_path(out)
     # NOTE: init_model (the seeded tiny model) counts as started: a rerun must not reuse it with
     # another seed.
-    check_resume(out, resolved, (*RUN_FILES, "init_model"))
+    if changed := check_resume(out, resolved, (*RUN_FILES, "init_model")):
+        console.print(f"sft-coldstart: {memory_changes_line(changed)}")
     if (out / "final" / "config.json").exists():
         console.print(f"sft-coldstart: {out} is already finished; model in {out / 'final'}")
         return

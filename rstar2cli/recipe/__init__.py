@@ -181,12 +181,16 @@ def dump_recipe(recipe: BaseModel, path: str | Path) -> None:
 
 
 RUN_FILES = ("checkpoints", "metrics.jsonl", "final")
+# Keys that set how much memory a step takes, not what it computes: a resumed run may change them
+# (after running out of memory, say). The gradients are the same up to float rounding.
+MEMORY_KEYS = ("train.max_tokens_per_micro_batch", "train.gradient_checkpointing")
 
 
 def check_resume(
     out: str | Path, recipe: BaseModel, run_files: tuple[str, ...] = RUN_FILES
-) -> None:
-    """Refuse to resume `out` with a recipe other than the one its run started with.
+) -> list[tuple[str, Any, Any]]:
+    """Refuse to resume `out` with a recipe other than the one its run started with, but for
+    `MEMORY_KEYS`: their changes come back, for the caller to report.
 
     NOTE: a recipe.yaml alone (a run that failed before its first metrics row or checkpoint) holds
     nothing a different recipe could corrupt, so it does not block a corrected rerun; the caller
@@ -194,9 +198,12 @@ def check_resume(
     out = Path(out)
     path = out / "recipe.yaml"
     if not path.exists():
-        return
-    fields = recipe_changes(path, recipe)
-    if fields and any((out / name).exists() for name in run_files):
+        return []
+    changes = recipe_changes(path, recipe)  # a torn recipe.yaml is a one-line error either way
+    if not any((out / name).exists() for name in run_files):
+        return []
+    fields = [c for c in changes if c[0] not in MEMORY_KEYS]
+    if fields:
         shown = "; ".join(f"{k}: {a!r} in the run, {b!r} now" for k, a, b in fields[:4])
         more = f"; also {', '.join(k for k, _, _ in fields[4:])}" if len(fields) > 4 else ""
         raise UserError(
@@ -204,6 +211,13 @@ def check_resume(
             "recipe and options (--set KEY=VALUE for each, a default changed since included) to "
             "resume, or pick a new --out"
         )
+    return changes
+
+
+def memory_changes_line(changes: list[tuple[str, Any, Any]]) -> str:
+    """The one line a resumed run prints for the memory settings it changed."""
+    shown = ", ".join(f"{k} {a!r} -> {b!r}" for k, a, b in changes)
+    return f"resuming with other memory settings ({shown}); the gradients stay the same"
 
 
 def recipe_changes(path: str | Path, recipe: BaseModel) -> list[tuple[str, Any, Any]]:

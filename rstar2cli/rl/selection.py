@@ -194,5 +194,6 @@ def update_metrics(sums: list[UpdateSums]) -> dict[str, Any]:
         "entropy": sum(s.entropy for s in sums) / tokens,
         "grad_norm": norms[-1] if norms else None,
         "lr": sums[0].lr,
+        "trainer_peak_mem_gib": max(s.peak_mem_gib for s in sums),
         **correction.metrics(),
     }

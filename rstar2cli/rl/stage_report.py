@@ -38,6 +38,7 @@ SCALARS = (
     "loss",
     "grad_norm",
     "lr",
+    "trainer_peak_mem_gib",
     "eval_accuracy",
     "time_rollout_s",
     "time_grade_s",

@@ -58,7 +58,7 @@ from rstar2cli.rl.correction import CorrectionSums, token_weights
 from rstar2cli.rl.loss import LossMetrics, ppo_clip_loss
 from rstar2cli.rl.shared_prompt import collate_shared
 from rstar2cli.rl.train_recipe import CorrectionConfig, RlTrainConfig
-from rstar2cli.train_utils import step_with_grad_norm
+from rstar2cli.train_utils import peak_memory_gib, reset_peak_memory, step_with_grad_norm
 
 if TYPE_CHECKING:
     from rstar2cli.cluster.weight_sync import SyncPlan
@@ -83,6 +83,7 @@ class UpdateSums:
     correction: CorrectionSums = field(default_factory=CorrectionSums)
     grad_norms: list[float | None] = field(default_factory=list)
     lr: float = 0.0
+    peak_mem_gib: float = 0.0  # train_utils.peak_memory_gib over the update
 
     def add_micro_batch(self, metrics: LossMetrics, loss_sum: float, num_trajectories: int) -> None:
         """Add one micro-batch: its loss times the batch's token count, its per-token means
@@ -231,6 +232,7 @@ class PolicyTrainer:
         mini-batch m over all ranks. Collective: every rank calls it with plans whose
         mini-batches have equal numbers of micro-batches (`plan_update` makes them)."""
         bypass = self.correction.bypass
+        reset_peak_memory(self.engine.device)
         self.engine.eval()
         try:
             # NOTE: the entropy metric is the policy's before the step, taken in this pass (as
@@ -264,6 +266,7 @@ class PolicyTrainer:
                     compare=compare,
                 )
             sums.grad_norms.append(step_with_grad_norm(self.engine, self.cfg.zero_stage))
+        sums.peak_mem_gib = peak_memory_gib(self.engine.device)
         return sums
 
     def _empty_backward(self) -> None:

@@ -561,6 +561,7 @@ def _checkpointed(out: Path) -> Callable[[], bool]:
 
 KEPT = ("step", "reward", "num_kept", "num_train_tokens", "loss", "grad_norm", "mismatch_kl")
 KEPT += ("weight_sync", "time_rollout_s", "time_update_s", "time_sync_s", "time_step_s")
+KEPT += ("trainer_peak_mem_gib",)
 
 
 def _rl_metrics(out: Path, log: Path) -> dict[str, Any]:

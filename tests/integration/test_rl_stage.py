@@ -237,6 +237,10 @@ def test_two_steps_write_everything(setup):
     trained = [r for r in rows[1:] if r["num_kept"] > 0]
     assert trained, "the primed model gave no mixed-reward group in 2 steps"
     assert all(0.0 <= r["clip_frac"] <= 1.0 and r["entropy"] > 0 and r["lr"] > 0 for r in trained)
+    # the in-process trainer's peak is this process's resident peak: torch alone holds more than
+    # 0.1 GiB, and no process holds more than the host has (catches KiB or bytes read as GiB)
+    host_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    assert all(0.1 < r["trainer_peak_mem_gib"] < host_gib for r in trained)
     # the correction's metrics (default: token TIS at cap 2): a float32 vLLM-CPU engine and the
     # float32 trainer agree to rounding, so nothing is truncated or masked
     for r in trained:

@@ -179,6 +179,8 @@ def test_every_step_reports_both_ranks_and_the_second_mini_batch_is_clipped(runs
             assert len(step_sums) == 2
             assert sum(s.num_trajectories for s in step_sums) == 5
             assert all(len(s.grad_norms) == 2 for s in step_sums)  # two optimizer steps
+            # each rank's own peak (a CPU rank: its process's resident peak, torch included)
+            assert all(0.1 < s.peak_mem_gib < 1024 for s in step_sums)
     # the old log-probs are taken before the first optimizer step, so the second mini-batch
     # sees ratios away from 1 and some of its tokens fall outside [0.8, 1.28]
     clipped = sum(s.clip_low + s.clip_high for step_sums in runs[0][1] for s in step_sums)
