@@ -6,7 +6,9 @@ pre-flight checks (`rstar2cli.preflight`: data files, model folder and context, 
 tokenizer, prompts that fit), and only then writes the resolved recipe to OUT/recipe.yaml and
 hands over to `run_stage`. Rerunning the same command on the same OUT resumes from the newest
 checkpoint; a different recipe for an OUT whose run has started (checkpoints or metrics) is
-refused.
+refused, but for the keys that say where it runs and in what memory
+(`rstar2cli.recipe.RESUME_FREE_KEYS`: micro-batch size, gradient checkpointing, sandbox), whose
+changes it prints.
 
 `--init-from` takes an HF model folder (weights only; e.g. sft-coldstart's final/) or a previous
 rl-stage OUT (its final/ weights, plus its optimizer state unless `--reset-optimizer`, which is
@@ -74,7 +76,7 @@ def rl_stage(
 
     from rstar2cli import preflight
     from rstar2cli.fileio import check_output_path
-    from rstar2cli.recipe import check_resume, dump_recipe, load_recipe, memory_changes_line
+    from rstar2cli.recipe import check_resume, dump_recipe, load_recipe, resume_changes_line
     from rstar2cli.rl.stage_recipe import RlRecipe
 
     console = Console(highlight=False, stderr=True)
@@ -96,7 +98,7 @@ def rl_stage(
     )
     check_output_path(out)
     if changed := check_resume(out, resolved):
-        console.print(f"rl-stage: {memory_changes_line(changed)}")
+        console.print(f"rl-stage: {resume_changes_line(changed)}")
     if (out / "final" / "config.json").exists():
         console.print(f"rl-stage: {out} is already finished; model in {out / 'final'}")
         return

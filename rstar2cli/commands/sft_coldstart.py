@@ -5,7 +5,8 @@ checks that the local data files exist and the model can be found (`rstar2cli.pr
 OUT is writable, and that the data holds records that convert
 (`rstar2cli.sft.data.check_sources`), and only then writes the resolved recipe to OUT/recipe.yaml
 and hands over to `rstar2cli.sft.train.run`. Rerunning the same command with the same OUT resumes
-from the newest checkpoint; a different recipe for an OUT whose run has started is refused. torch,
+from the newest checkpoint; a different recipe for an OUT whose run has started is refused (but
+for gradient checkpointing: `rstar2cli.recipe.RESUME_FREE_KEYS`). torch,
 transformers and deepspeed are imported inside the function so `rstar2 --help` stays instant.
 Tested in tests/unit/test_sft_recipe.py, tests/integration/test_sft_resume.py and
 tests/cli/test_stage_preflight.py.
@@ -49,7 +50,7 @@ def sft_coldstart(
         check_resume,
         dump_recipe,
         load_recipe,
-        memory_changes_line,
+        resume_changes_line,
     )
     from rstar2cli.sft.coldstart_recipe import SftRecipe
     from rstar2cli.sft.data import check_sources
@@ -63,7 +64,7 @@ def sft_coldstart(
     # NOTE: init_model (the seeded tiny model) counts as started: a rerun must not reuse it with
     # another seed.
     if changed := check_resume(out, resolved, (*RUN_FILES, "init_model")):
-        console.print(f"sft-coldstart: {memory_changes_line(changed)}")
+        console.print(f"sft-coldstart: {resume_changes_line(changed)}")
     if (out / "final" / "config.json").exists():
         console.print(f"sft-coldstart: {out} is already finished; model in {out / 'final'}")
         return

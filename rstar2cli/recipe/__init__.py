@@ -181,16 +181,24 @@ def dump_recipe(recipe: BaseModel, path: str | Path) -> None:
 
 
 RUN_FILES = ("checkpoints", "metrics.jsonl", "final")
-# Keys that set how much memory a step takes, not what it computes: a resumed run may change them
-# (after running out of memory, say). The gradients are the same up to float rounding.
-MEMORY_KEYS = ("train.max_tokens_per_micro_batch", "train.gradient_checkpointing")
+# Keys that set where the work runs or how much memory a step takes, not what it computes: a
+# resumed run may change them (after running out of memory, or with its sandbox daemon restarted
+# elsewhere). The gradients and tool outputs are the same, up to float rounding.
+RESUME_FREE_KEYS = (
+    "train.max_tokens_per_micro_batch",
+    "train.gradient_checkpointing",
+    "sandbox.urls",
+    "sandbox.token_file",
+    "sandbox.num_local_workers",
+    "reward.num_workers",
+)
 
 
 def check_resume(
     out: str | Path, recipe: BaseModel, run_files: tuple[str, ...] = RUN_FILES
 ) -> list[tuple[str, Any, Any]]:
     """Refuse to resume `out` with a recipe other than the one its run started with, but for
-    `MEMORY_KEYS`: their changes come back, for the caller to report.
+    `RESUME_FREE_KEYS`: their changes come back, for the caller to report.
 
     NOTE: a recipe.yaml alone (a run that failed before its first metrics row or checkpoint) holds
     nothing a different recipe could corrupt, so it does not block a corrected rerun; the caller
@@ -202,7 +210,7 @@ def check_resume(
     changes = recipe_changes(path, recipe)  # a torn recipe.yaml is a one-line error either way
     if not any((out / name).exists() for name in run_files):
         return []
-    fields = [c for c in changes if c[0] not in MEMORY_KEYS]
+    fields = [c for c in changes if c[0] not in RESUME_FREE_KEYS]
     if fields:
         shown = "; ".join(f"{k}: {a!r} in the run, {b!r} now" for k, a, b in fields[:4])
         more = f"; also {', '.join(k for k, _, _ in fields[4:])}" if len(fields) > 4 else ""
@@ -214,10 +222,10 @@ def check_resume(
     return changes
 
 
-def memory_changes_line(changes: list[tuple[str, Any, Any]]) -> str:
-    """The one line a resumed run prints for the memory settings it changed."""
+def resume_changes_line(changes: list[tuple[str, Any, Any]]) -> str:
+    """The one line a resumed run prints for the `RESUME_FREE_KEYS` it changed."""
     shown = ", ".join(f"{k} {a!r} -> {b!r}" for k, a, b in changes)
-    return f"resuming with other memory settings ({shown}); the gradients stay the same"
+    return f"resuming with other settings for where and in what memory it runs: {shown}"
 
 
 def recipe_changes(path: str | Path, recipe: BaseModel) -> list[tuple[str, Any, Any]]:

@@ -82,10 +82,11 @@ def test_rl_recipe_of_a_run_that_never_started_does_not_block(rl):
     (rl["out"] / "recipe.yaml").write_text(yaml.safe_dump(recipe), encoding="utf-8")
     line = _one_line_error(_rl(rl, rl["junk"], "--sandbox", DEAD_SANDBOX))
     assert "different recipe" not in line and "127.0.0.1:9" in line
-    # once the run has started (metrics or checkpoints), the recipe is fixed for that OUT
+    # once the run has started (metrics or checkpoints), the recipe is fixed for that OUT, but for
+    # where it runs: the refusal names the data and model, not the other sandbox address
     (rl["out"] / "checkpoints").mkdir()
     line = _one_line_error(_rl(rl, rl["good"], "--sandbox", DEAD_SANDBOX))
-    assert "different recipe" in line and "sandbox" in line
+    assert "different recipe" in line and "data.train" in line and "sandbox" not in line
 
 
 def test_rl_budget_beyond_the_models_context_is_one_line(rl):

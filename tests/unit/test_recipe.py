@@ -119,23 +119,28 @@ def test_an_unknown_key_from_set_names_the_set(tmp_path):
         load_recipe(p, Demo, ["seed=x"])
 
 
-def test_a_resumed_rl_run_may_change_its_memory_settings_only(tmp_path):
+def test_a_resumed_rl_run_may_change_where_and_in_what_memory_it_runs_only(tmp_path):
     """After an out-of-memory kill, the run resumes with a smaller micro-batch or gradient
-    checkpointing (the same gradients); any other change is still refused."""
-    from rstar2cli.recipe import memory_changes_line
+    checkpointing (the same gradients), and with another sandbox daemon; any other change is
+    still refused."""
+    from rstar2cli.recipe import resume_changes_line
     from rstar2cli.rl.stage_recipe import RlRecipe
 
     path = tmp_path / "rl.yaml"
-    path.write_text("model: m\ndata:\n  train: t.parquet\ntrain:\n  gradient_checkpointing: false\n")
+    path.write_text(
+        "model: m\ndata:\n  train: t.parquet\ntrain:\n  gradient_checkpointing: false\n"
+    )
     dump_recipe(load_recipe(path, RlRecipe), tmp_path / "recipe.yaml")
     (tmp_path / "checkpoints").mkdir()
     smaller = ["train.max_tokens_per_micro_batch=10240", "train.gradient_checkpointing=true"]
+    smaller.append("sandbox.urls=[http://127.0.0.1:8200]")
     changed = check_resume(tmp_path, load_recipe(path, RlRecipe, smaller))
     assert [k for k, _, _ in changed] == [
+        "sandbox.urls",
         "train.gradient_checkpointing",
         "train.max_tokens_per_micro_batch",
     ]
-    line = memory_changes_line(changed)
+    line = resume_changes_line(changed)
     assert "train.max_tokens_per_micro_batch 20480 -> 10240" in line
     assert "train.gradient_checkpointing False -> True" in line
     with pytest.raises(UserError, match=r"train.lr: 1e-06 in the run, 2e-06 now"):
