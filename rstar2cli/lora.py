@@ -345,13 +345,21 @@ def save_engine_checkpoint(
 ) -> None:
     """Collective: DeepSpeed's checkpoint ckpt_dir/<tag> (+ `latest`). With LoRA adapters the
     frozen base stays out: the module state holds the adapter factors, beside their optimizer
-    state (the base is the run's model folder, read again on resume)."""
+    state (the base is the run's model folder, read again on resume).
+    NOTE: `latest` is written here, atomically, after every rank saved: DeepSpeed writes it in
+    place, so a kill at that moment left an empty `latest` that no resume could read."""
+    from rstar2cli.fileio import atomic_path
+
     engine.save_checkpoint(
         str(ckpt_dir),
         tag=tag,
         client_state=client_state,
+        save_latest=False,
         exclude_frozen_parameters=has_adapters(engine.module),
     )
+    if engine.global_rank == 0:
+        with atomic_path(Path(ckpt_dir) / "latest") as tmp:
+            tmp.write_text(tag)
 
 
 def load_engine_checkpoint(
