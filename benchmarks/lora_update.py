@@ -26,13 +26,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks.lora_vs_full import ratio
 from benchmarks.rl_update_speed import step_samples
 
 GIB = 2**30
@@ -81,7 +81,7 @@ def run_arm(args: argparse.Namespace) -> dict[str, Any]:
     from rstar2cli.lora import LoraConfig
     from rstar2cli.rl.train_recipe import RlTrainConfig
     from rstar2cli.rl.trainer import PolicyTrainer
-    from rstar2cli.train_utils import init_distributed
+    from rstar2cli.train_utils import init_distributed, peak_memory_gib
 
     init_distributed()
     lora = LoraConfig()
@@ -105,12 +105,8 @@ def run_arm(args: argparse.Namespace) -> dict[str, Any]:
         "tokens_per_cpu_s": best["tokens"] / best["cpu_s"],
         **trainer_state_gib(trainer.engine),
         "loaded_gib": loaded,
-        "peak_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / GIB,
+        "peak_gib": peak_memory_gib(trainer.engine.device),
     }
-
-
-def _ratio(a: float, b: float) -> str:
-    return f"{a / b:.2f}x" if b else "-"
 
 
 def print_table(arms: dict[str, dict[str, Any]]) -> None:
@@ -122,10 +118,10 @@ def print_table(arms: dict[str, dict[str, Any]]) -> None:
     for name, r in arms.items():
         print(
             f"{name:8s}{r['trainable']:12,d}{r['cpu_s']:8.1f}{r['tokens_per_cpu_s']:11.1f}"
-            f"{_ratio(r['tokens_per_cpu_s'], whole['tokens_per_cpu_s']):>7s}"
-            f"{r['state_gib']:11.2f}{_ratio(r['state_gib'], whole['state_gib']):>7s}"
+            f"{ratio(r['tokens_per_cpu_s'], whole['tokens_per_cpu_s']):>7s}"
+            f"{r['state_gib']:11.2f}{ratio(r['state_gib'], whole['state_gib']):>7s}"
             f"{r['loaded_gib']:8.2f}{r['peak_gib']:10.2f}"
-            f"{_ratio(r['peak_gib'], whole['peak_gib']):>7s}"
+            f"{ratio(r['peak_gib'], whole['peak_gib']):>7s}"
         )
 
 

@@ -146,7 +146,8 @@ def evaluate(label: str, model: Path, args: argparse.Namespace) -> float | None:
     return sum(1 for r in rows if r["correct"]) / len(rows) if rows else None
 
 
-def _ratio(a: float | None, b: float | None) -> str:
+def ratio(a: float | None, b: float | None) -> str:
+    """a / b as "1.23x", or "-" when either is missing."""
     return f"{a / b:.2f}x" if a is not None and b else "-"
 
 
@@ -163,9 +164,9 @@ def print_table(results: list[dict[str, Any]], base_accuracy: float | None) -> N
         points = "-" if acc is None or whole_acc is None else f"{100 * (acc - whole_acc):+.1f}"
         print(
             f"{r['arm']:8s}{r['update_tokens_per_s'] or 0:11.1f}"
-            f"{_ratio(r['update_tokens_per_s'], whole['update_tokens_per_s']):>7s}"
-            f"{r['peak_rss_mb']:10.0f}{_ratio(r['peak_rss_mb'], whole['peak_rss_mb']):>7s}"
-            f"{r['push_s']:9.2f}{_ratio(r['push_s'], whole['push_s']):>7s}"
+            f"{ratio(r['update_tokens_per_s'], whole['update_tokens_per_s']):>7s}"
+            f"{r['peak_rss_mb']:10.0f}{ratio(r['peak_rss_mb'], whole['peak_rss_mb']):>7s}"
+            f"{r['push_s']:9.2f}{ratio(r['push_s'], whole['push_s']):>7s}"
             f"{_pct(acc):>10s}{points:>8s}"
         )
     print(f"held-out accuracy of the SFT model they start from: {_pct(base_accuracy)}")
