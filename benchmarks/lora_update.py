@@ -11,8 +11,16 @@ update and `--repeats` timed ones; the table keeps the lowest CPU seconds (the w
 when other jobs load the box) and its wall seconds. Per arm it also reports:
 - trainer state: the bytes of every parameter, a gradient for each trainable one, and the
   optimizer's state tensors, counted on the real tensors after the updates;
-- loaded and peak: the process's resident size once the trainer is built, and its peak after the
-  updates. Peak minus loaded is mostly the update's activations.
+- saved: the activations autograd keeps for the backward pass, at their most in one micro-batch
+  (storages counted once, weights not counted), from saved-tensor hooks;
+- loaded: the process's resident size once the trainer is built;
+- peak: its peak resident size in one more update (the hooked one) after glibc is told to map
+  every buffer of 64 KiB or more on its own, and to return the free heap it kept. Resident size
+  then follows the live tensors: peak minus loaded is the update's activations and passing buffers.
+- glibc peak: the peak over the warm-up and timed updates with glibc's defaults (the resident size
+  a user sees). glibc keeps freed heap memory and raises its mapping threshold as large buffers
+  are freed, so this peak also counts memory no tensor holds, more or less by allocation order.
+The timed updates run with glibc's defaults: mapping every large buffer afresh costs CPU time.
 `--micro-batch-tokens` and `--gradient-checkpointing` set what bounds the activations. With
 activations bounded, the trainer state is the larger share, and that is where LoRA saves.
 
@@ -71,6 +79,58 @@ def trainer_state_gib(engine: Any) -> dict[str, float]:
     }
 
 
+def _peak_rss_gib() -> float:
+    """This process's peak resident size (VmHWM) since it started or since `_follow_live_tensors`."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024 / GIB
+    return 0.0
+
+
+def _follow_live_tensors() -> None:
+    """From here on, glibc maps each buffer of 64 KiB or more on its own and unmaps it when freed;
+    the free heap it kept goes back to the kernel, and the peak resident size starts again."""
+    import ctypes
+
+    libc = ctypes.CDLL("libc.so.6")
+    libc.mallopt(-3, 65536)  # M_MMAP_THRESHOLD; a fixed value also stops it from rising
+    libc.malloc_trim(0)
+    Path("/proc/self/clear_refs").write_text("5")  # reset VmHWM to the resident size now
+
+
+def saved_activations_gib(trainer: Any, samples: list[Any]) -> float:
+    """One more update with saved-tensor hooks: the most bytes autograd held for the backward pass
+    of one micro-batch. Storages count once; parameters (frozen weights an op saves) do not."""
+    import torch
+
+    from benchmarks.rl_update_speed import timed_update
+
+    weights = {p.untyped_storage().data_ptr() for p in trainer.engine.module.parameters()}
+    live: dict[int, int] = {}
+    most = [0]
+
+    def pack(t: Any) -> Any:
+        storage = t.untyped_storage()
+        if storage.data_ptr() not in weights:
+            live[storage.data_ptr()] = storage.nbytes()
+        return t
+
+    backward = trainer.engine.backward
+
+    def backward_then_reset(*a: Any, **kw: Any) -> Any:  # one micro-batch's graph ends here
+        most[0] = max(most[0], sum(live.values()))
+        live.clear()
+        return backward(*a, **kw)
+
+    trainer.engine.backward = backward_then_reset
+    try:
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            timed_update(trainer, samples, share=True, old_pass=False)
+    finally:
+        del trainer.engine.backward  # the instance attribute: the method shows again
+    return most[0] / GIB
+
+
 def run_arm(args: argparse.Namespace) -> dict[str, Any]:
     """One arm in this process: build, warm up, time `repeats` updates, measure."""
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
@@ -100,12 +160,17 @@ def run_arm(args: argparse.Namespace) -> dict[str, Any]:
     timed_update(trainer, samples, share=True, old_pass=False)  # warm-up
     runs = [timed_update(trainer, samples, share=True, old_pass=False) for _ in range(args.repeats)]
     best = min(runs, key=lambda r: r["cpu_s"])
+    glibc_peak = peak_memory_gib(trainer.engine.device)
+    _follow_live_tensors()
+    saved = saved_activations_gib(trainer, samples)
     return {
         **best,
         "tokens_per_cpu_s": best["tokens"] / best["cpu_s"],
         **trainer_state_gib(trainer.engine),
+        "saved_gib": saved,
         "loaded_gib": loaded,
-        "peak_gib": peak_memory_gib(trainer.engine.device),
+        "peak_gib": _peak_rss_gib(),
+        "glibc_peak_gib": glibc_peak,
     }
 
 
@@ -113,15 +178,16 @@ def print_table(arms: dict[str, dict[str, Any]]) -> None:
     whole = arms["whole"]
     print(
         f"\n{'arm':8s}{'trainable':>12s}{'CPU s':>8s}{'tok/CPU s':>11s}{'x':>7s}"
-        f"{'state GiB':>11s}{'x':>7s}{'loaded':>8s}{'peak GiB':>10s}{'x':>7s}"
+        f"{'state GiB':>11s}{'x':>7s}{'saved':>7s}{'loaded':>8s}{'peak GiB':>10s}{'x':>7s}"
+        f"{'glibc peak':>12s}"
     )
     for name, r in arms.items():
         print(
             f"{name:8s}{r['trainable']:12,d}{r['cpu_s']:8.1f}{r['tokens_per_cpu_s']:11.1f}"
             f"{ratio(r['tokens_per_cpu_s'], whole['tokens_per_cpu_s']):>7s}"
             f"{r['state_gib']:11.2f}{ratio(r['state_gib'], whole['state_gib']):>7s}"
-            f"{r['loaded_gib']:8.2f}{r['peak_gib']:10.2f}"
-            f"{ratio(r['peak_gib'], whole['peak_gib']):>7s}"
+            f"{r['saved_gib']:7.2f}{r['loaded_gib']:8.2f}{r['peak_gib']:10.2f}"
+            f"{ratio(r['peak_gib'], whole['peak_gib']):>7s}{r['glibc_peak_gib']:12.2f}"
         )
 
 

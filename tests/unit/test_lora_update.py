@@ -2,7 +2,7 @@
 
 Whole weights: a gradient and AdamW's two float32 moments for every weight. LoRA: the frozen base
 plus the adapters, with gradients and moments for the adapters alone. Both arms train the same
-fixed batch, and the table is printed.
+fixed batch, autograd holds activations for both, and the table is printed.
 """
 
 from __future__ import annotations
@@ -35,7 +35,11 @@ def test_trainer_state_counts_gradients_and_moments_of_trainable_weights_only(
     assert lora["weights_gib"] > whole["weights_gib"]  # the base and the adapters
     assert lora["state_gib"] < whole["state_gib"] / 2
     assert whole["tokens"] == lora["tokens"] > 0  # the same batch
-    assert all(0 < a["loaded_gib"] <= a["peak_gib"] for a in (whole, lora))
+    assert all(
+        0 < a["loaded_gib"] <= min(a["peak_gib"], a["glibc_peak_gib"]) for a in (whole, lora)
+    )
+    # frozen norms and output layer keep no inputs for weight gradients; adapters add rank-wide ones
+    assert 0 < lora["saved_gib"] < 1.1 * whole["saved_gib"]
     table = done.stdout.splitlines()
     assert any(line.startswith("whole") for line in table)
     assert any(line.startswith("lora4") for line in table)
