@@ -25,7 +25,7 @@ mapping every large buffer afresh costs against the "CPU s" column.
 `--micro-batch-tokens` and `--gradient-checkpointing` set what bounds the activations. With
 activations bounded, the trainer state is the larger share, and that is where LoRA saves.
 
-Run (from the repository root, after `make smollm2`; about 15 minutes on 2 cores):
+Run (from the repository root, after `make smollm2`; about 11 minutes on 2 idle cores):
     python -m benchmarks.lora_update --model models/smollm2-135m-instruct \
         --json runs/lora_update.json
 """
