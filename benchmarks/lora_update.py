@@ -16,7 +16,8 @@ when other jobs load the box) and its wall seconds. Per arm it also reports:
 - loaded: the process's resident size once the trainer is built;
 - peak: its peak resident size in one more update (the hooked one) after glibc is told to map
   every buffer of 64 KiB or more on its own, and to return the free heap it kept. Resident size
-  then follows the live tensors: peak minus loaded is the update's activations and passing buffers.
+  then leaves out freed heap: peak minus loaded is the update's activations and passing buffers,
+  and whatever else the process holds (smaller allocations, the math libraries' own buffers).
 - glibc peak: the peak over the warm-up and timed updates with glibc's defaults (the resident size
   a user sees). glibc keeps freed heap memory and raises its mapping threshold as large buffers
   are freed, so this peak also counts memory no tensor holds, more or less by allocation order.
