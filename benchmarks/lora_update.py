@@ -23,6 +23,9 @@ when other jobs load the box) and its wall seconds. Per arm it also reports:
   are freed, so this peak also counts memory no tensor holds, more or less by allocation order.
 The timed updates run with glibc's defaults; "mapped CPU s" is the hooked update's CPU time, what
 mapping every large buffer afresh costs against the "CPU s" column.
+Under glibc a LoRA arm's heap still holds memory no tensor holds after the threshold is set; with
+jemalloc preloaded (LD_PRELOAD, MALLOC_CONF=dirty_decay_ms:0,muzzy_decay_ms:0) both peaks are the
+state plus the activations.
 `--micro-batch-tokens` and `--gradient-checkpointing` set what bounds the activations. With
 activations bounded, the trainer state is the larger share, and that is where LoRA saves.
 
