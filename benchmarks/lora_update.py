@@ -85,14 +85,14 @@ def trainer_state_gib(engine: Any) -> dict[str, float]:
 
 
 def _peak_rss_gib() -> float:
-    """This process's peak resident size (VmHWM) since it started or since `_follow_live_tensors`."""
+    """This process's peak resident size (VmHWM) since it started or since `_map_large_buffers`."""
     for line in Path("/proc/self/status").read_text().splitlines():
         if line.startswith("VmHWM:"):
             return int(line.split()[1]) * 1024 / GIB
     return 0.0
 
 
-def _follow_live_tensors() -> None:
+def _map_large_buffers() -> None:
     """From here on, glibc maps each buffer of 64 KiB or more on its own and unmaps it when freed;
     the free heap it kept goes back to the kernel, and the peak resident size starts again."""
     import ctypes
@@ -167,7 +167,7 @@ def run_arm(args: argparse.Namespace) -> dict[str, Any]:
     runs = [timed_update(trainer, samples, share=True, old_pass=False) for _ in range(args.repeats)]
     best = min(runs, key=lambda r: r["cpu_s"])
     glibc_peak = peak_memory_gib(trainer.engine.device)
-    _follow_live_tensors()
+    _map_large_buffers()
     saved, mapped_cpu_s = hooked_update(trainer, samples)
     return {
         **best,
