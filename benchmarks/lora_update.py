@@ -47,16 +47,9 @@ from typing import Any
 
 from benchmarks.lora_vs_full import ratio
 from benchmarks.rl_update_speed import step_samples
+from benchmarks.train_memory import proc_status_kb
 
 GIB = 2**30
-
-
-def _rss_gib() -> float:
-    """This process's resident size now (from /proc)."""
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) * 1024 / GIB
-    return 0.0
 
 
 def trainer_state_gib(engine: Any) -> dict[str, float]:
@@ -82,14 +75,6 @@ def trainer_state_gib(engine: Any) -> dict[str, float]:
         "state_gib": (weights + grads + state) / GIB,
         "trainable": sum(p.numel() for p in params if p.requires_grad),
     }
-
-
-def _peak_rss_gib() -> float:
-    """This process's peak resident size (VmHWM) since it started or since `_map_large_buffers`."""
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) * 1024 / GIB
-    return 0.0
 
 
 def _map_large_buffers() -> None:
@@ -161,7 +146,7 @@ def run_arm(args: argparse.Namespace) -> dict[str, Any]:
         lora=lora,
     )
     trainer = PolicyTrainer(str(args.model), cfg)
-    loaded = _rss_gib()
+    loaded = proc_status_kb("VmRSS") * 1024 / GIB
     samples = step_samples(trainer.tokenizer)
     timed_update(trainer, samples, share=True, old_pass=False)  # warm-up
     runs = [timed_update(trainer, samples, share=True, old_pass=False) for _ in range(args.repeats)]
@@ -175,7 +160,7 @@ def run_arm(args: argparse.Namespace) -> dict[str, Any]:
         **trainer_state_gib(trainer.engine),
         "saved_gib": saved,
         "loaded_gib": loaded,
-        "peak_gib": _peak_rss_gib(),
+        "peak_gib": proc_status_kb("VmHWM") * 1024 / GIB,  # since _map_large_buffers
         "glibc_peak_gib": glibc_peak,
         "mapped_cpu_s": mapped_cpu_s,
     }
