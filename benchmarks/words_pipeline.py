@@ -8,6 +8,8 @@ other (each a `python -m rstar2cli.cli` subprocess from the repository root):
      (the first 100), 4 samples each at T 0.6, 3 turns, 512 response tokens: the budget of the
      README's GSM8K table, the same for every checkpoint (on two engines, one per core);
   3. `sft-coldstart --recipe recipes/pretrained/words_sft.yaml` (words + arith transcripts), eval;
+     with `--sft-cycles N`, the recipe runs N times, each from the last one's model, on words
+     newly drawn with seed + 1, seed + 2, ... (the training templates with new numbers);
   4. `rl-stage --recipe recipes/pretrained/words_rl.yaml` on the words train split, eval.
 Then it prints a table (avg@4, pass@4, tool calls per trajectory and the share of them failing,
 per checkpoint and set), writes it to OUT/words_pipeline.json with each stage's wall time, and
@@ -63,6 +65,10 @@ class Settings:
     # are per problem, sample and turn, so the split does not change what is sampled
     eval_engines: int = 2
     eval_kv_cache_tokens: int = 32768  # per engine: 64k in all, the default of one engine
+    # NOTE: cycle c > 1 runs the SFT recipe again from cycle c - 1's model, on words drawn with
+    # seed + c - 1: the same training templates and phrasings with new numbers, so nothing held
+    # out enters training and no problem repeats
+    sft_cycles: int = 1
     arith: Path = REPO / "data" / "arith.parquet"
     sft_recipe: Path = REPO / "recipes" / "pretrained" / "words_sft.yaml"
     rl_recipe: Path = REPO / "recipes" / "pretrained" / "words_rl.yaml"
@@ -78,22 +84,37 @@ class Stage:
 def plan(s: Settings) -> list[Stage]:
     train = s.out / "data" / "words.parquet"
     test = s.out / "data" / "words.test.parquet"
-    sources = (
-        f"data.sources=[{{path: {train}, format: words}}, "
-        f"{{path: {s.arith}, format: arith, max_records: 1000}}]"
-    )
     prepare = ["prepare-data", "--synthetic", "words", "--num", str(s.num_problems)]
     prepare += ["--seed", str(s.seed), "--out", str(train), "--force"]
-    sft = ["sft-coldstart", "--recipe", str(s.sft_recipe), "--out", str(s.out / "sft")]
-    sft += ["--set", f"model={s.model}", "--set", sources]
-    rl = ["rl-stage", "--recipe", str(s.rl_recipe), "--out", str(s.out / "rl")]
-    rl += ["--init-from", str(s.out / "sft" / "final"), "--sandbox", SANDBOX]
-    rl += ["--set", f"data.train={train}", "--set", f"data.eval={test}"]
-    return [
+    stages = [
         Stage("prepare-data", prepare, test),
         *evals(s, label="base", model=s.model, test=test),
-        Stage("sft-coldstart", sft, s.out / "sft" / "final" / "config.json"),
-        *evals(s, label="sft", model=s.out / "sft" / "final", test=test),
+    ]
+    model = s.model
+    for cycle in range(1, s.sft_cycles + 1):
+        data, folder = train, s.out / "sft"
+        if cycle > 1:
+            data, folder = s.out / "data" / f"words-c{cycle}.parquet", s.out / f"sft-c{cycle}"
+            again = ["prepare-data", "--synthetic", "words", "--num", str(s.num_problems)]
+            again += ["--seed", str(s.seed + cycle - 1), "--out", str(data), "--force"]
+            stages.append(Stage(f"prepare-data-c{cycle}", again, data))
+        sources = (
+            f"data.sources=[{{path: {data}, format: words}}, "
+            f"{{path: {s.arith}, format: arith, max_records: 1000}}]"
+        )
+        sft = ["sft-coldstart", "--recipe", str(s.sft_recipe), "--out", str(folder)]
+        sft += ["--set", f"model={model}", "--set", sources]
+        if cycle > 1:
+            sft += ["--set", f"train.seed={cycle - 1}"]
+        name = "sft-coldstart" if cycle == 1 else f"sft-coldstart-c{cycle}"
+        stages.append(Stage(name, sft, folder / "final" / "config.json"))
+        model = folder / "final"
+    rl = ["rl-stage", "--recipe", str(s.rl_recipe), "--out", str(s.out / "rl")]
+    rl += ["--init-from", str(model), "--sandbox", SANDBOX]
+    rl += ["--set", f"data.train={train}", "--set", f"data.eval={test}"]
+    return [
+        *stages,
+        *evals(s, label="sft", model=model, test=test),
         Stage("rl-stage", rl, s.out / "rl" / "final" / "config.json"),
         *evals(s, label="rl", model=s.out / "rl" / "final", test=test),
     ]
@@ -250,6 +271,12 @@ def main() -> None:
     ap.add_argument("--gsm8k-problems", type=int, default=200)
     ap.add_argument("--words-problems", type=int, default=100)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument(
+        "--sft-cycles",
+        type=int,
+        default=1,
+        help="run the SFT recipe this many times, each on newly drawn words (default 1)",
+    )
     ap.add_argument("--report-only", action="store_true", help="redo the table, JSON and plot only")
     args = ap.parse_args()
     s = Settings(
@@ -259,6 +286,7 @@ def main() -> None:
         seed=args.seed,
         gsm8k_problems=args.gsm8k_problems,
         words_problems=args.words_problems,
+        sft_cycles=args.sft_cycles,
     )
     if not args.report_only:
         if not (s.model / "config.json").is_file():

@@ -31,14 +31,7 @@ def test_every_planned_command_parses_with_the_real_cli(tmp_path):
         "eval-rl-gsm8k",
         "eval-rl-words",
     ]
-    group = typer.main.get_command(app)
-    for stage in stages:
-        argv = ["http://127.0.0.1:1" if a == SANDBOX else a for a in stage.argv]
-        with group.make_context("rstar2", list(argv), resilient_parsing=False) as ctx:
-            command = group.get_command(ctx, argv[0])
-            assert command is not None, argv[0]
-            sub = command.make_context(argv[0], argv[1:], parent=ctx)  # raises on a bad option
-            assert sub.params, stage.name
+    _parse_with_the_real_cli(stages)
     evals = [s for s in stages if s.name.startswith("eval-")]
     for stage in evals:  # the same budget for every checkpoint
         tail = stage.argv[stage.argv.index("--samples") :]
@@ -48,6 +41,43 @@ def test_every_planned_command_parses_with_the_real_cli(tmp_path):
             "--seed",
             "0",
         ]
+
+
+def test_a_second_sft_cycle_continues_from_the_first_on_new_numbers(tmp_path):
+    out = tmp_path / "out"
+    stages = plan(Settings(out=out, model=tmp_path, gsm8k=tmp_path, sft_cycles=2))
+    by_name = {s.name: s for s in stages}
+    assert [s.name for s in stages][3:7] == [
+        "sft-coldstart",
+        "prepare-data-c2",
+        "sft-coldstart-c2",
+        "eval-sft-gsm8k",
+    ]
+    again = by_name["prepare-data-c2"].argv
+    assert again[again.index("--seed") + 1] == "1"  # seed + 1: the same templates, new numbers
+    second = by_name["sft-coldstart-c2"].argv
+    assert f"model={out / 'sft' / 'final'}" in second
+    assert "train.seed=1" in second
+    assert any(str(out / "data" / "words-c2.parquet") in a for a in second)
+    sft_model = out / "sft-c2" / "final"
+    assert by_name["eval-sft-gsm8k"].argv[by_name["eval-sft-gsm8k"].argv.index("--model") + 1] == (
+        str(sft_model)
+    )
+    rl = by_name["rl-stage"].argv
+    assert rl[rl.index("--init-from") + 1] == str(sft_model)
+    assert f"data.train={out / 'data' / 'words.parquet'}" in rl  # RL keeps the first draw
+    _parse_with_the_real_cli(stages)
+
+
+def _parse_with_the_real_cli(stages) -> None:
+    group = typer.main.get_command(app)
+    for stage in stages:
+        argv = ["http://127.0.0.1:1" if a == SANDBOX else a for a in stage.argv]
+        with group.make_context("rstar2", list(argv), resilient_parsing=False) as ctx:
+            command = group.get_command(ctx, argv[0])
+            assert command is not None, argv[0]
+            sub = command.make_context(argv[0], argv[1:], parent=ctx)  # raises on a bad option
+            assert sub.params, stage.name
 
 
 def _summary(avg: float, calls: float) -> dict:
