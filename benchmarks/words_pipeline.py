@@ -66,8 +66,8 @@ class Settings:
     eval_engines: int = 2
     eval_kv_cache_tokens: int = 32768  # per engine: 64k in all, the default of one engine
     # NOTE: cycle c > 1 runs the SFT recipe again from cycle c - 1's model, on words drawn with
-    # seed + c - 1: the same training templates and phrasings with new numbers, so nothing held
-    # out enters training and no problem repeats
+    # seed + c - 1: the same training templates and phrasings with new numbers (a question may
+    # recur by chance), so nothing held out enters training
     sft_cycles: int = 1
     arith: Path = REPO / "data" / "arith.parquet"
     sft_recipe: Path = REPO / "recipes" / "pretrained" / "words_sft.yaml"
@@ -279,6 +279,8 @@ def main() -> None:
     )
     ap.add_argument("--report-only", action="store_true", help="redo the table, JSON and plot only")
     args = ap.parse_args()
+    if args.sft_cycles < 1:
+        sys.exit(f"--sft-cycles {args.sft_cycles}: give 1 or more")
     s = Settings(
         out=args.out.resolve(),
         model=args.model.resolve(),
