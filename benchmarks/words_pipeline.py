@@ -84,30 +84,27 @@ class Stage:
 def plan(s: Settings) -> list[Stage]:
     train = s.out / "data" / "words.parquet"
     test = s.out / "data" / "words.test.parquet"
-    prepare = ["prepare-data", "--synthetic", "words", "--num", str(s.num_problems)]
-    prepare += ["--seed", str(s.seed), "--out", str(train), "--force"]
     stages = [
-        Stage("prepare-data", prepare, test),
+        Stage("prepare-data", _prepare(s, s.seed, train), test),
         *evals(s, label="base", model=s.model, test=test),
     ]
     model = s.model
     for cycle in range(1, s.sft_cycles + 1):
-        data, folder = train, s.out / "sft"
+        data, folder, suffix, seed_set = train, s.out / "sft", "", []
         if cycle > 1:
-            data, folder = s.out / "data" / f"words-c{cycle}.parquet", s.out / f"sft-c{cycle}"
-            again = ["prepare-data", "--synthetic", "words", "--num", str(s.num_problems)]
-            again += ["--seed", str(s.seed + cycle - 1), "--out", str(data), "--force"]
-            stages.append(Stage(f"prepare-data-c{cycle}", again, data))
+            suffix = f"-c{cycle}"
+            data, folder = s.out / "data" / f"words{suffix}.parquet", s.out / f"sft{suffix}"
+            stages.append(
+                Stage(f"prepare-data{suffix}", _prepare(s, s.seed + cycle - 1, data), data)
+            )
+            seed_set = ["--set", f"train.seed={cycle - 1}"]
         sources = (
             f"data.sources=[{{path: {data}, format: words}}, "
             f"{{path: {s.arith}, format: arith, max_records: 1000}}]"
         )
         sft = ["sft-coldstart", "--recipe", str(s.sft_recipe), "--out", str(folder)]
-        sft += ["--set", f"model={model}", "--set", sources]
-        if cycle > 1:
-            sft += ["--set", f"train.seed={cycle - 1}"]
-        name = "sft-coldstart" if cycle == 1 else f"sft-coldstart-c{cycle}"
-        stages.append(Stage(name, sft, folder / "final" / "config.json"))
+        sft += ["--set", f"model={model}", "--set", sources, *seed_set]
+        stages.append(Stage(f"sft-coldstart{suffix}", sft, folder / "final" / "config.json"))
         model = folder / "final"
     rl = ["rl-stage", "--recipe", str(s.rl_recipe), "--out", str(s.out / "rl")]
     rl += ["--init-from", str(model), "--sandbox", SANDBOX]
@@ -118,6 +115,12 @@ def plan(s: Settings) -> list[Stage]:
         Stage("rl-stage", rl, s.out / "rl" / "final" / "config.json"),
         *evals(s, label="rl", model=s.out / "rl" / "final", test=test),
     ]
+
+
+def _prepare(s: Settings, seed: int, out: Path) -> list[str]:
+    """`prepare-data` of the words set drawn with `seed` into `out` (and its .test split)."""
+    argv = ["prepare-data", "--synthetic", "words", "--num", str(s.num_problems)]
+    return argv + ["--seed", str(seed), "--out", str(out), "--force"]
 
 
 def evals(s: Settings, *, label: str, model: Path, test: Path) -> list[Stage]:
