@@ -47,7 +47,7 @@ from typing import Any
 
 from benchmarks.lora_vs_full import ratio
 from benchmarks.rl_update_speed import step_samples
-from benchmarks.train_memory import proc_status_kb
+from benchmarks.train_memory import proc_status_kb, trim_and_reset_peak
 
 GIB = 2**30
 
@@ -82,10 +82,8 @@ def _map_large_buffers() -> None:
     the free heap it kept goes back to the kernel, and the peak resident size starts again."""
     import ctypes
 
-    libc = ctypes.CDLL("libc.so.6")
-    libc.mallopt(-3, 65536)  # M_MMAP_THRESHOLD; a fixed value also stops it from rising
-    libc.malloc_trim(0)
-    Path("/proc/self/clear_refs").write_text("5")  # reset VmHWM to the resident size now
+    ctypes.CDLL("libc.so.6").mallopt(-3, 65536)  # M_MMAP_THRESHOLD; fixed, it stops rising
+    trim_and_reset_peak()
 
 
 def hooked_update(trainer: Any, samples: list[Any]) -> tuple[float, float]:

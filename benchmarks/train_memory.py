@@ -176,8 +176,18 @@ def proc_status_kb(field: str) -> int:
     raise RuntimeError(f"{field} not in /proc/self/status")
 
 
-def worker(path: str, mode: str, model_dir: str) -> dict[str, float]:
+def trim_and_reset_peak() -> int:
+    """Return glibc's free heap to the kernel, then restart VmHWM from the resident size;
+    that resident size in KiB."""
     import ctypes
+
+    ctypes.CDLL("libc.so.6").malloc_trim(0)
+    rss_kb = proc_status_kb("VmRSS")
+    Path("/proc/self/clear_refs").write_text("5")  # NOTE: resets VmHWM to the current RSS
+    return rss_kb
+
+
+def worker(path: str, mode: str, model_dir: str) -> dict[str, float]:
     import gc
 
     import torch
@@ -220,9 +230,7 @@ def worker(path: str, mode: str, model_dir: str) -> dict[str, float]:
             "step_s": time.perf_counter() - began_wall,
             "step_cpu_s": time.process_time() - began_cpu,
         }
-    ctypes.CDLL("libc.so.6").malloc_trim(0)
-    state_kb = proc_status_kb("VmRSS")
-    Path("/proc/self/clear_refs").write_text("5")  # NOTE: resets VmHWM to the current RSS
+    state_kb = trim_and_reset_peak()
     step()
     peak_kb = proc_status_kb("VmHWM")
     return {
